@@ -1,0 +1,25 @@
+"""areal-core: plugin-based, fully asynchronous RL post-training for LLMs.
+
+Plugins import :data:`hookimpl` to implement hooks from :mod:`areal_core.hookspecs`.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+__version__ = "0.1.0"
+
+hookimpl = pluggy.HookimplMarker("areal")
+
+from areal_core.config import load_config  # noqa: E402
+from areal_core.errors import ArealError, ConfigError, PluginError  # noqa: E402
+
+
+def run(config_path: str | None = None, overrides: list[str] | None = None) -> None:
+    """Run the built-in GRPO trainer (what ``areal run`` does)."""
+    from areal_core.trainer import run_training
+
+    run_training(config_path, overrides or [])
+
+
+__all__ = ["ArealError", "ConfigError", "PluginError", "__version__", "hookimpl", "load_config", "run"]

@@ -1,0 +1,10 @@
+"""Built-in datasets: synthetic verifiable tasks and GSM8K-style JSONL files."""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_datasets(register):
+    register("arith", "areal_core.datasets.synthetic:load_arith")
+    register("reverse", "areal_core.datasets.synthetic:load_reverse")
+    register("gsm8k", "areal_core.datasets.gsm8k:load_gsm8k")

@@ -1,0 +1,382 @@
+"""The config tree: frozen attrs classes loaded from YAML plus dotted overrides.
+
+``load_config(path, ["actor.world_size=2"])`` returns a validated :class:`Config`. Every error is
+a :class:`ConfigError` whose message starts with the dotted key at fault.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import attrs
+import yaml
+
+from areal_core.errors import ConfigError
+
+frozen = attrs.frozen(kw_only=True)
+
+
+def _ge(bound: float):
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and value < bound:
+            raise ValueError(f"must be >= {bound}, got {value}")
+
+    return check
+
+
+def _gt(bound: float):
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and value <= bound:
+            raise ValueError(f"must be > {bound}, got {value}")
+
+    return check
+
+
+def _le(bound: float):
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and value > bound:
+            raise ValueError(f"must be <= {bound}, got {value}")
+
+    return check
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@frozen
+class TinyModelSpec:
+    """A Qwen3-architecture model built from config (random init) for CPU runs and tests."""
+
+    hidden_size: int = attrs.field(default=128, validator=_ge(32))
+    num_layers: int = attrs.field(default=2, validator=_ge(1))
+    num_heads: int = attrs.field(default=4, validator=_ge(1))
+    num_kv_heads: int = attrs.field(default=2, validator=_ge(1))
+    head_dim: int = attrs.field(default=32, validator=_ge(32))  # vLLM-CPU attention needs >= 32
+    intermediate_size: int = attrs.field(default=256, validator=_ge(1))
+    max_position_embeddings: int = attrs.field(default=512, validator=_ge(16))
+
+
+@frozen
+class ModelConfig:
+    """Which model to train: a Hugging Face directory, or the built-in tiny spec."""
+
+    path: str = ""  # HF model dir; empty means build `tiny` with the dataset's tokenizer
+    tiny: TinyModelSpec = attrs.Factory(TinyModelSpec)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False
+
+
+@frozen
+class RolloutConfig:
+    engine: str = "hf"
+    servers: int = attrs.field(default=1, validator=_ge(1))
+    devices_per_server: int = attrs.field(default=1, validator=_ge(1))
+    threads_per_server: int = attrs.field(default=1, validator=_ge(1))
+    max_concurrent_rollouts: int = attrs.field(default=64, validator=_ge(1))
+    max_head_offpolicyness: int = attrs.field(default=2, validator=_ge(0))
+    request_timeout: float = attrs.field(default=300.0, validator=_gt(0))
+    server_startup_timeout: float = attrs.field(default=300.0, validator=_gt(0))
+    engine_args: dict[str, Any] = attrs.Factory(dict)  # passed through to the engine's server
+
+
+@frozen
+class GenerationConfig:
+    n_samples: int = attrs.field(default=8, validator=_ge(1))
+    max_new_tokens: int = attrs.field(default=16, validator=_ge(1))
+    temperature: float = attrs.field(default=1.0, validator=_gt(0))
+    top_p: float = attrs.field(default=1.0, validator=[_gt(0), _le(1)])
+    stop: list[str] = attrs.Factory(list)
+
+
+@frozen
+class OptimizerConfig:
+    lr: float = attrs.field(default=3e-4, validator=_gt(0))
+    weight_decay: float = attrs.field(default=0.0, validator=_ge(0))
+    beta1: float = attrs.field(default=0.9, validator=[_ge(0), _le(1)])
+    beta2: float = attrs.field(default=0.999, validator=[_ge(0), _le(1)])
+    eps: float = attrs.field(default=1e-8, validator=_gt(0))
+    warmup_steps: int = attrs.field(default=0, validator=_ge(0))
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = attrs.field(default=0.0, validator=[_ge(0), _le(1)])
+    grad_clip: float = attrs.field(default=1.0, validator=_ge(0))  # 0 disables clipping
+
+
+@frozen
+class ActorConfig:
+    algorithm: str = "grpo"
+    weight_update: str = "disk"
+    world_size: int = attrs.field(default=1, validator=_ge(1))
+    threads_per_worker: int = attrs.field(default=1, validator=_ge(1))
+    optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
+    ppo_n_minibatches: int = attrs.field(default=1, validator=_ge(1))
+    max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
+    eps_clip: float = attrs.field(default=0.2, validator=_gt(0))
+    eps_clip_higher: float | None = attrs.field(default=None, validator=_gt(0))
+    behav_imp_weight_cap: float | None = attrs.field(default=5.0, validator=_gt(1))
+    behav_imp_weight_mode: Literal["cap", "mask"] = "mask"
+    kl_coef: float = attrs.field(default=0.0, validator=_ge(0))
+    adv_norm: Literal["group", "batch", "none"] = "group"
+    std_norm: bool = True
+    leave_one_out: bool = False
+    recompute_logprobs: bool = True  # proximal log-probs before the update (decoupled PPO)
+    logprob_chunk_size: int = attrs.field(default=1024, validator=_ge(1))
+
+
+@frozen
+class RewardConfig:
+    name: str = "arith"
+    timeout: float = attrs.field(default=15.0, validator=_gt(0))
+    workers: int = attrs.field(default=1, validator=_ge(1))
+
+
+@frozen
+class DatasetConfig:
+    name: str = "arith"  # a registered dataset, e.g. "arith" (synthetic) or "gsm8k"
+    path: str = ""  # data file/dir for datasets read from disk
+    batch_size: int = attrs.field(default=8, validator=_ge(1))  # prompts per train step
+    size: int = attrs.field(default=0, validator=_ge(0))  # 0 = whole dataset; synthetic: items
+    shuffle: bool = True
+    options: dict[str, Any] = attrs.Factory(dict)  # dataset-specific knobs
+
+
+@frozen
+class SaverConfig:
+    freq_steps: int = attrs.field(default=0, validator=_ge(0))  # 0 = only at the end
+    keep_last: int = attrs.field(default=1, validator=_ge(1))
+
+
+@frozen
+class RecoverConfig:
+    mode: Literal["off", "auto"] = "off"
+    freq_steps: int = attrs.field(default=10, validator=_ge(1))
+    retries: int = attrs.field(default=0, validator=_ge(0))
+
+
+@frozen
+class StatsConfig:
+    tensorboard: bool = True
+    eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
+    progress: bool = True
+
+
+@frozen
+class Config:
+    """The whole run. Outputs go to ``{fileroot}/{experiment_name}/{trial_name}/``."""
+
+    experiment_name: str = "quickstart"
+    trial_name: str = "trial0"
+    fileroot: str = "./runs"
+    seed: int = 1
+    platform: str = "auto"
+    scheduler: Literal["local", "ray"] = "local"
+    total_train_steps: int = attrs.field(default=100, validator=_ge(1))
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    rollout: RolloutConfig = attrs.Factory(RolloutConfig)
+    gconfig: GenerationConfig = attrs.Factory(GenerationConfig)
+    actor: ActorConfig = attrs.Factory(ActorConfig)
+    reward: RewardConfig = attrs.Factory(RewardConfig)
+    train_dataset: DatasetConfig = attrs.Factory(DatasetConfig)
+    valid_dataset: DatasetConfig | None = None
+    saver: SaverConfig = attrs.Factory(SaverConfig)
+    recover: RecoverConfig = attrs.Factory(RecoverConfig)
+    stats: StatsConfig = attrs.Factory(StatsConfig)
+    plugins: dict[str, Any] = attrs.Factory(dict)  # free-form sections read by plugins
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.fileroot) / self.experiment_name / self.trial_name
+
+
+# --------------------------------------------------------------------------- structuring
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _structure(value: Any, tp: Any, key: str) -> Any:
+    """Convert plain YAML data to ``tp``, raising ConfigError at the first wrong key/type."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if _is_union(tp):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _structure(value, arg, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else ConfigError(
+            key, f"expected {_type_name(tp)}, got {value!r}"
+        )
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if attrs.has(tp):
+        return _structure_attrs(value, tp, key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_structure(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"config type {tp!r} at {key} is not supported")  # a bug in this module
+
+
+def _structure_attrs(value: Any, cls: type, key: str) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"expected a mapping, got {value!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in attrs.fields(cls)}
+    for name in value:
+        if name not in fields:
+            near = difflib.get_close_matches(str(name), fields, n=1)
+            hint = f"; did you mean {_join(key, near[0])!r}?" if near else ""
+            raise ConfigError(_join(key, str(name)), f"unknown key{hint}")
+    kwargs = {name: _structure(v, hints[name], _join(key, name)) for name, v in value.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:  # a field validator: find which field by re-validating each
+        for name, field in fields.items():
+            if name in kwargs and field.validator is not None:
+                try:
+                    field.validator(None, field, kwargs[name])
+                except ValueError as field_exc:
+                    raise ConfigError(_join(key, name), str(field_exc)) from None
+        raise ConfigError(key, str(exc)) from None
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain data (YAML-safe) for a config or section."""
+    return attrs.asdict(config, recurse=True)
+
+
+def from_dict(data: dict[str, Any], cls: type = Config) -> Any:
+    return _structure_attrs(data, cls, "")
+
+
+def dump_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"actor.world_size=2"`` -> (["actor", "world_size"], 2); the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(item, "overrides look like dotted.key=value, e.g. actor.world_size=2")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(".".join(path[: i + 1]), f"is a value, not a section ({item})")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("", f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError("", f"{p} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{p} must hold a mapping of config keys at the top level")
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Read YAML (or start from defaults), apply dotted overrides, structure and check it.
+
+    Plugin-dependent checks (registered names, algorithm needs) happen in
+    :func:`areal_core.resolve.resolve_config`.
+    """
+    data = _read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, list(overrides or []))
+    config = from_dict(data)
+    check_config(config)
+    return config
+
+
+def check_config(config: Config) -> None:
+    """Cross-field checks that need no plugins."""
+    if config.train_dataset.batch_size * config.gconfig.n_samples < config.actor.ppo_n_minibatches:
+        raise ConfigError(
+            "actor.ppo_n_minibatches",
+            f"{config.actor.ppo_n_minibatches} minibatches but only "
+            f"{config.train_dataset.batch_size * config.gconfig.n_samples} samples per step; lower it",
+        )
+    if config.actor.eps_clip_higher is not None and config.actor.eps_clip_higher < config.actor.eps_clip:
+        raise ConfigError(
+            "actor.eps_clip_higher",
+            f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
+            "clip-higher must be >= eps_clip",
+        )
+    if config.model.path and not Path(config.model.path).exists():
+        raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory or leave it empty for the tiny model")
+    for key in ("experiment_name", "trial_name"):
+        value = getattr(config, key)
+        if not value or "/" in value or value.startswith("."):
+            raise ConfigError(key, f"{value!r} must be a plain directory name")

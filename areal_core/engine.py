@@ -1,0 +1,103 @@
+"""InferenceEngine: the controller's client of one or more generation servers.
+
+Token ids in, token ids + per-token log-probs + per-token weight versions out. Generation is
+interruptible: ``pause()`` aborts in-flight requests on the servers; ``agenerate`` then waits for
+``resume()`` and re-submits prompt + partial output with the remaining budget, so a single
+response can carry tokens from two weight versions.
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+    from areal_core.scheduler.base import Scheduler
+    from areal_core.weights import WeightUpdateMeta
+
+StopReason = Literal["stop", "length", "abort"]
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class GenerationRequest:
+    input_ids: list[int]
+    sampling: SamplingParams
+    request_id: str = attrs.Factory(lambda: uuid.uuid4().hex)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResponse:
+    input_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]  # log-prob of each output token under the policy that sampled it
+    versions: list[int]  # weight version that produced each output token
+    stop_reason: StopReason
+    latency: float  # seconds from first submission to the final token
+
+
+class InferenceEngine(abc.ABC):
+    """Client of generation servers. Control calls are synchronous; generation is async."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        self.config = config
+        self.platform = platform
+
+    @abc.abstractmethod
+    def launch_servers(self, scheduler: Scheduler) -> list[str]:
+        """Start ``config.rollout.servers`` servers through ``scheduler``; attach; return addresses."""
+
+    @abc.abstractmethod
+    def attach(self, addresses: list[str]) -> None:
+        """Use already-running servers at ``host:port`` addresses."""
+
+    @abc.abstractmethod
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        """Generate to completion, surviving pauses (see module docstring)."""
+
+    @abc.abstractmethod
+    def pause(self) -> None:
+        """Abort in-flight requests on every server and hold new ones until ``resume``."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Let generation continue (held requests re-submit their partial outputs)."""
+
+    @abc.abstractmethod
+    def health(self) -> list[bool]:
+        """One flag per attached server."""
+
+    @abc.abstractmethod
+    def load_weights_from_disk(self, path: str, version: int) -> None:
+        """Ask every server to load HF safetensors from ``path`` and serve them as ``version``."""
+
+    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
+        """Join the trainer's broadcast group (receiving half of ``xccl``)."""
+        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
+
+    def receive_weights(self, meta: WeightUpdateMeta) -> None:
+        """Receive one broadcast bucket described by ``meta`` (receiving half of ``xccl``)."""
+        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None:
+        """Tag tokens generated from now on with ``version``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release client resources (servers are stopped by their scheduler)."""

@@ -1,0 +1,1 @@
+"""Rollout plane: staleness manager, asynchronous controller, workflows, reward runner."""

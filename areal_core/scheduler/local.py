@@ -1,0 +1,91 @@
+"""Local scheduler: each process is a subprocess in its own session, stopped with its children."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import time
+import weakref
+
+from areal_core.platform import Platform
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "AREAL_NUM_THREADS")
+
+
+class LocalProcess(ProcessHandle):
+    def __init__(self, name: str, popen: subprocess.Popen) -> None:
+        self.name = name
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        _signal_group(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalScheduler(Scheduler):
+    """Starts processes on this machine; an ``atexit`` hook stops any left running."""
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        self.processes: list[LocalProcess] = []
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() and ref().stop_all())
+
+    def start(self, spec: ProcessSpec) -> LocalProcess:
+        env = dict(os.environ)
+        env.update({var: str(spec.threads) for var in _THREAD_VARS})
+        if self.platform.visible_devices_env and spec.devices:
+            env[self.platform.visible_devices_env] = ",".join(map(str, spec.devices))
+        env.update(spec.env)
+        out = open(spec.log_file, "ab") if spec.log_file else None  # noqa: SIM115 - owned by Popen
+        popen = subprocess.Popen(
+            spec.cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: stop() reaches its children too
+        )
+        if out:
+            out.close()
+        handle = LocalProcess(spec.name, popen)
+        self.processes.append(handle)
+        return handle
+
+    def stop_all(self) -> None:
+        for proc in self.processes:
+            if proc.alive():
+                _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.processes:
+            try:
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.popen.wait()

@@ -1,0 +1,1 @@
+"""Training plane: FSDP2 engine, packing, chunked log-probs, worker processes."""
