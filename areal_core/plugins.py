@@ -211,8 +211,9 @@ def load_plugins(
     infos: list[PluginInfo] = []
     version = _version(BUILTIN_DISTRIBUTION)
     for module_name in BUILTIN_MODULES:
-        pm.register(importlib.import_module(module_name), name=module_name.rsplit(".", 1)[1])
-        infos.append(PluginInfo(module_name.rsplit(".", 1)[1], BUILTIN_DISTRIBUTION, version))
+        name = "builtin-" + module_name.rsplit(".", 1)[1]
+        pm.register(importlib.import_module(module_name), name=name)
+        infos.append(PluginInfo(name, BUILTIN_DISTRIBUTION, version))
 
     if autoload is None:
         autoload = not _autoload_disabled()
@@ -238,7 +239,7 @@ def load_plugins(
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin {exc.plugin_name!r} implements an unknown hook: {exc}") from exc
+        raise PluginError(f"plugin {pm.get_name(exc.plugin)!r} implements an unknown hook: {exc}") from exc
     for info in infos:
         plugin = pm.get_plugin(info.name)
         if plugin is not None:

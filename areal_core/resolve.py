@@ -1,0 +1,57 @@
+"""Plugin-aware config checks: every selected name exists, algorithm needs hold, plugins agree."""
+
+from __future__ import annotations
+
+import attrs
+
+from areal_core.config import Config
+from areal_core.errors import ConfigError, PluginError
+from areal_core.platform import Platform, resolve_platform
+from areal_core.plugins import Plugins
+
+#: (dotted config key, plugin kind) for every name a config selects.
+SELECTED_NAMES: tuple[tuple[str, str], ...] = (
+    ("rollout.engine", "engine"),
+    ("actor.weight_update", "weight_updater"),
+    ("actor.algorithm", "algorithm"),
+    ("reward.name", "reward"),
+    ("train_dataset.name", "dataset"),
+    ("valid_dataset.name", "dataset"),
+)
+
+
+def _get_dotted(config: Config, key: str) -> str | None:
+    node = config
+    for part in key.split("."):
+        node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def resolve_config(config: Config, plugins: Plugins) -> tuple[Config, Platform]:
+    """Check ``config`` against the installed plugins; return the final config and its platform."""
+    platform = resolve_platform(config.platform, plugins)
+    for key, kind in SELECTED_NAMES:
+        name = _get_dotted(config, key)
+        if name is None:
+            continue
+        try:
+            plugins.registration(kind, name)
+        except PluginError as exc:
+            raise ConfigError(key, str(exc)) from None
+    try:
+        algorithm = plugins.get("algorithm", config.actor.algorithm)
+    except PluginError as exc:
+        raise ConfigError("actor.algorithm", str(exc)) from None
+    if config.gconfig.n_samples < algorithm.min_group_size:
+        raise ConfigError(
+            "gconfig.n_samples",
+            f"{config.gconfig.n_samples} samples per prompt, but algorithm "
+            f"{config.actor.algorithm!r} needs at least {algorithm.min_group_size}; "
+            f"set gconfig.n_samples>={algorithm.min_group_size}",
+        )
+    config = plugins.configure(config)
+    if not isinstance(config, Config):
+        raise PluginError(f"a plugin's areal_configure returned {type(config).__name__}, not a Config")
+    return attrs.evolve(config, platform=platform.name) if config.platform == "auto" else config, platform

@@ -1,0 +1,80 @@
+"""The `areal` CLI: one-line errors with exit 2, plugin listing that stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "areal_core.cli", *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["config", "actor.wrld_size=2"], "actor.wrld_size: unknown key; did you mean 'actor.world_size'?"),
+        (["config", "actor.world_size=two"], "actor.world_size: expected an integer, got 'two'"),
+        (["config", "rollout.max_head_offpolicyness=-2"], "rollout.max_head_offpolicyness: must be >= 0, got -2"),
+        (["config", "gconfig.n_samples=1"], "gconfig.n_samples: 1 samples per prompt, but algorithm 'grpo' needs at least 2"),
+        (["config", "rollout.engine=vllm"], "rollout.engine: engine 'vllm' is not installed; pip install areal-engine-vllm (installed engines: hf)"),
+        (["config", "actor.algorithm=ppx"], "actor.algorithm: algorithm 'ppx' is not installed (installed algorithms: "),
+        (["config", "platform=npu"], "platform: platform 'npu' is not installed; pip install areal-platform-npu"),
+        (["config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message):
+    result = _areal(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("areal: error: ")
+    assert message in lines[0]
+
+
+def test_config_prints_resolved_yaml_that_loads_back(tmp_path):
+    result = _areal("config", "actor.world_size=2", "seed=5")
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "resolved.yaml"
+    path.write_text(result.stdout)
+    from areal_core.config import load_config
+
+    config = load_config(path)
+    assert (config.actor.world_size, config.seed, config.platform) == (2, 5, "cpu")
+
+
+def test_plugins_lists_builtins_without_heavy_imports():
+    code = (
+        "import sys, json; from areal_core.cli import main; main(['plugins', '--json']); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'sglang', 'torch_npu', 'transformers'}); "
+        "print(json.dumps(heavy), file=sys.stderr)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["builtin-engines"]["registered"] == {"engine": ["hf"]}
+    assert by_name["builtin-platforms"]["distribution"] == "areal-core"
+    assert json.loads(result.stderr.strip().splitlines()[-1]) == []
+
+
+def test_plugins_shows_broken_plugin(tmp_path):
+    """A real installed distribution whose module fails to import is listed as broken."""
+    dist = tmp_path / "site" / "areal_broken_demo-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: areal-broken-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[areal]\nengine_demo = areal_broken_demo\n")
+    (tmp_path / "site" / "areal_broken_demo.py").write_text("raise ImportError('needs libdemo.so')\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = _areal("plugins", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "engine_demo  (areal-broken-demo 1.0)  [BROKEN]" in result.stdout
+    assert "error: ImportError: needs libdemo.so" in result.stdout
+    result = _areal("config", "rollout.engine=demo", env=env)
+    assert result.returncode == 2
+    assert "rollout.engine: engine 'demo' comes from plugin 'engine_demo' (areal-broken-demo 1.0), which failed to load: ImportError: needs libdemo.so" in result.stderr

@@ -1,0 +1,106 @@
+"""Config: YAML + dotted overrides, round-trips, and one-line errors that name the dotted key."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_core.config import Config, dump_yaml, from_dict, load_config, to_dict
+from areal_core.errors import ConfigError
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("actor:\n  world_size: 2\nrollout:\n  engine: hf\n")
+    config = load_config(path, ["actor.optimizer.lr=1e-3", 'gconfig.stop=["\\n"]', "valid_dataset.name=arith"])
+    assert config.actor.world_size == 2
+    assert config.actor.optimizer.lr == 1e-3
+    assert config.gconfig.stop == ["\n"]
+    assert config.valid_dataset is not None and config.valid_dataset.batch_size == 8
+    assert config.run_dir.parts[-2:] == ("quickstart", "trial0")
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(None, ["actor.eps_clip_higher=0.3", "rollout.engine_args={a: 1}", "seed=7"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_yaml(config))
+    assert load_config(path) == config
+
+
+_overrides = st.fixed_dictionaries(
+    {},
+    optional={
+        "seed": st.integers(0, 2**31),
+        "actor.world_size": st.integers(1, 8),
+        "actor.optimizer.lr": st.floats(1e-7, 1.0),
+        "actor.adv_norm": st.sampled_from(["group", "batch", "none"]),
+        "actor.eps_clip_higher": st.none() | st.floats(0.2, 1.0),
+        "rollout.max_head_offpolicyness": st.integers(0, 16),
+        "gconfig.temperature": st.floats(0.01, 2.0),
+        "gconfig.stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
+        "model.dtype": st.sampled_from(["float32", "bfloat16"]),
+        "experiment_name": st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_overrides)
+def test_round_trip_property(values):
+    data: dict = {}
+    for key, value in values.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    config = from_dict(data)
+    assert from_dict(to_dict(config)) == config
+    assert from_dict(yaml.safe_load(dump_yaml(config))) == config
+
+
+BAD_INPUTS = [
+    # (overrides, expected message)
+    (["actor.wrld_size=2"], "actor.wrld_size: unknown key; did you mean 'actor.world_size'?"),
+    (["rollot.engine=hf"], "rollot: unknown key; did you mean 'rollout'?"),
+    (["actor.world_size=two"], "actor.world_size: expected an integer, got 'two'"),
+    (["gconfig.temperature=hot"], "gconfig.temperature: expected a number, got 'hot'"),
+    (["stats.tensorboard=maybe"], "stats.tensorboard: expected true/false, got 'maybe'"),
+    (["model.dtype=fp8"], "model.dtype: must be one of 'float32', 'bfloat16', got 'fp8'"),
+    (["rollout.max_head_offpolicyness=-1"], "rollout.max_head_offpolicyness: must be >= 0, got -1"),
+    (["gconfig.top_p=1.5"], "gconfig.top_p: must be <= 1, got 1.5"),
+    (["model.tiny.head_dim=16"], "model.tiny.head_dim: must be >= 32, got 16"),
+    (["actor.eps_clip=0.2", "actor.eps_clip_higher=0.1"], "actor.eps_clip_higher: 0.1 is below actor.eps_clip=0.2"),
+    (["train_dataset.batch_size=1", "gconfig.n_samples=2", "actor.ppo_n_minibatches=4"], "actor.ppo_n_minibatches: 4 minibatches"),
+    (["actor=3"], "actor: expected a mapping, got 3"),
+    (["actor.world_size.x=1"], "actor.world_size: expected an integer, got {'x': 1}"),
+    (["actor.world_size=1", "actor.world_size.x=1"], "actor.world_size: is a value, not a section"),
+    (["noequals"], "overrides look like dotted.key=value"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS)
+def test_bad_config_names_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("actor: [1, 2\n")
+    with pytest.raises(ConfigError, match="is not valid YAML at line"):
+        load_config(path)
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(path)
+
+
+def test_config_is_frozen():
+    config = Config()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.seed = 3  # type: ignore[misc]
