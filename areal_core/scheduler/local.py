@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import subprocess
@@ -41,6 +42,17 @@ class LocalProcess(ProcessHandle):
             self.popen.wait()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when its parent dies, even by SIGKILL (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the atexit/stop_all path still applies
+        pass
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -71,6 +83,7 @@ class LocalScheduler(Scheduler):
             stderr=subprocess.STDOUT if out else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: stop() reaches its children too
+            preexec_fn=die_with_parent,  # no orphans if the controller is killed
         )
         if out:
             out.close()

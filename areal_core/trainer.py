@@ -1,0 +1,378 @@
+"""The built-in RL trainer: one controller process driving the rollout and training planes.
+
+Each step: ``prepare_batch`` (rollouts keep flowing between steps, bounded by the staleness) ->
+proximal log-probs when the algorithm needs them -> advantages -> PPO minibatches on the FSDP2
+workers -> pause generation, ``weight_updater.update(v+1)``, bump the version, resume -> stats,
+evaluation, checkpoints and recover points on their schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from areal_core.config import Config, dump_yaml, load_config
+from areal_core.plugins import Plugins, load_plugins
+from areal_core.recover import RecoverInfo, RecoverStore
+from areal_core.resolve import resolve_config
+from areal_core.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    steps: int
+    samples: int
+    output_tokens: int
+    wall_seconds: float
+    reward_first: float
+    reward_last: float
+    eval_accuracy: float | None
+    run_dir: Path
+    final_model: Path
+
+    def render(self) -> str:
+        rate = self.output_tokens / max(self.wall_seconds, 1e-9)
+        acc = "-" if self.eval_accuracy is None else f"{self.eval_accuracy:.2f}"
+        return "\n".join(
+            [
+                f"steps {self.steps}   samples {self.samples}   generated tokens {self.output_tokens}"
+                f"   wall {self.wall_seconds:.0f}s   ({rate:.0f} tokens/s)",
+                f"train reward {self.reward_first:.2f} -> {self.reward_last:.2f}   held-out greedy accuracy {acc}",
+                f"run dir      {self.run_dir}",
+                f"final model  {self.final_model}",
+                f"reward curve {self.run_dir / 'reward_curve.png'}",
+                f"stats        {self.run_dir / 'stats.jsonl'} (TensorBoard: {self.run_dir / 'tensorboard'})",
+            ]
+        )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def order_batch(batch: list[Trajectory]) -> list[Trajectory]:
+    """Groups in prompt order, samples in sampling order: the same rollouts give the same update."""
+    return sorted(batch, key=lambda t: (t.prompt_id, t.info.get("sample_index", 0)))
+
+
+class Trainer:
+    """Builds both planes from a resolved config and runs the training loop."""
+
+    def __init__(self, config: Config, plugins: Plugins | None = None) -> None:
+        self.plugins = plugins or load_plugins()
+        self.config, self.platform = resolve_config(config, self.plugins)
+        self.run_dir = self.config.run_dir
+
+    # ------------------------------------------------------------------ set-up
+    def _datasets(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        from areal_core.datasets import load_dataset
+
+        train = load_dataset(self.config.train_dataset, "train", self.plugins)
+        valid_cfg = self.config.valid_dataset
+        valid = load_dataset(valid_cfg, "valid", self.plugins) if valid_cfg is not None else []
+        return train, valid
+
+    def _model_path(self, items: list[dict[str, Any]]) -> str:
+        if self.config.model.path:
+            return self.config.model.path
+        from areal_core.datasets import corpus
+        from areal_core.tiny_model import ensure_tiny_model
+
+        path = ensure_tiny_model(self.config.model.tiny, corpus(items), Path(self.config.fileroot) / "models", self.config.seed)
+        return str(path)
+
+    def run(self) -> RunSummary:
+        from areal_core.platform import activate_platform
+
+        activate_platform(self.platform)
+        train_items, valid_items = self._datasets()
+        model_path = self._model_path(train_items + valid_items)
+        config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_yaml(config))
+        with ExitStack() as stack:
+            _stop_on_sigterm()
+            planes = stack.enter_context(_Planes(config, self.plugins, self.platform))
+            return _Loop(config, planes, train_items, valid_items).run()
+
+
+class _Planes:
+    """Starts servers, training workers, the weight path, reward runner and rollout controller."""
+
+    def __init__(self, config: Config, plugins: Plugins, platform: Any) -> None:
+        self.config, self.plugins, self.platform = config, plugins, platform
+
+    def __enter__(self) -> _Planes:
+        from transformers import AutoTokenizer
+
+        from areal_core.rollout.controller import RolloutController
+        from areal_core.rollout.reward_runner import RewardRunner
+        from areal_core.scheduler.local import LocalScheduler
+        from areal_core.train.controller import TrainController
+
+        config = self.config
+        self._stack = ExitStack()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+            self.scheduler = self._stack.enter_context(LocalScheduler(self.platform))
+            self.engine = self.plugins.get("engine", config.rollout.engine)(config, self.platform)
+            self._stack.callback(self.engine.close)
+            self.engine.launch_servers(self.scheduler)
+            self.trainer = self._stack.enter_context(
+                TrainController(config, self.platform, self.scheduler, config.model.path, config.run_dir)
+            )
+            self.updater = self.plugins.get("weight_updater", config.actor.weight_update)(config, self.platform)
+            self.updater.connect(self.trainer, self.engine)
+            self._stack.callback(self.updater.close)
+            reward_fn = self.plugins.get("reward", config.reward.name)
+            self.rewards = self._stack.enter_context(
+                RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout)
+            )
+            self.algorithm = self.plugins.get("algorithm", config.actor.algorithm)(config.actor)
+            self.rollout = RolloutController.from_config(self.engine, config)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (from a launcher or scheduler) unwinds like Ctrl-C, so every plane is stopped."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+class _Loop:
+    def __init__(self, config: Config, planes: _Planes, train_items: list[dict], valid_items: list[dict]) -> None:
+        from areal_core.rollout.dataloader import PromptLoader
+        from areal_core.rollout.rlvr import RLVRWorkflow
+
+        self.config, self.planes = config, planes
+        self.loader = PromptLoader(train_items, shuffle=config.train_dataset.shuffle, seed=config.seed)
+        self.valid_items = valid_items
+        self.workflow = RLVRWorkflow(planes.tokenizer, config.gconfig, planes.rewards)
+        self.eval_workflow = RLVRWorkflow(
+            planes.tokenizer, attrs.evolve(config.gconfig, n_samples=1), planes.rewards, greedy=True
+        )
+        self.recover = RecoverStore(config.run_dir / "recover")
+        self.run_dir = config.run_dir
+
+    # ------------------------------------------------------------------ helpers
+    def _restore(self) -> int:
+        """Resume from the last recover point when ``recover.mode=auto``; returns the start step."""
+        if self.config.recover.mode != "auto":
+            return 0
+        info = self.recover.latest()
+        if info is None:
+            return 0
+        self.planes.trainer.load_checkpoint(str(info.checkpoint))
+        self.loader.load_state_dict(info.loader_state)
+        for item in info.in_flight:  # taken from the loader but not trained on before the stop
+            self.planes.rollout.submit(item, self.workflow)
+        logger.warning("recovered from step %d (version %d)", info.step, info.version)
+        return info.step
+
+    def _evaluate(self) -> float:
+        """Greedy accuracy (mean reward) on the held-out set, through the live servers."""
+        import asyncio
+
+        async def one(item: dict[str, Any]) -> float:
+            trajs = await self.eval_workflow(self.planes.engine, item)
+            return trajs[0].reward
+
+        async def all_items() -> list[float]:
+            return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
+
+        return _mean(self.planes.rollout.run(all_items()))
+
+    def _train_on(self, batch: list[Trajectory]) -> dict[str, float]:
+        import torch
+
+        planes = self.planes
+        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
+        prompt_index = {pid: i for i, pid in enumerate(dict.fromkeys(t.prompt_id for t in batch))}
+        group_ids = torch.tensor([prompt_index[t.prompt_id] for t in batch])
+        keep = planes.algorithm.filter_groups(rewards, group_ids)
+        stats: dict[str, float] = {"rollout/kept_fraction": float(keep.float().mean())}
+        if not bool(keep.any()):
+            return stats
+        batch = [t for t, k in zip(batch, keep.tolist()) if k]
+        rewards, group_ids = rewards[keep], group_ids[keep]
+        advantages = planes.algorithm.compute_advantages(rewards, group_ids).tolist()
+        prox = None
+        if planes.algorithm.needs_proximal_logprobs and self.config.actor.recompute_logprobs:
+            prox = planes.trainer.compute_logprobs(batch)
+        stats.update({f"train/{k}": float(v) for k, v in planes.trainer.train_step(batch, advantages, prox).items()})
+        return stats
+
+    def _update_weights(self, version: int) -> float:
+        rollout = self.planes.rollout
+        start = time.perf_counter()
+        rollout.pause()
+        try:
+            self.planes.updater.update(version)
+            rollout.set_version(version)
+        finally:
+            rollout.resume()
+        return time.perf_counter() - start
+
+    def _save_recover_point(self, step: int) -> None:
+        def write_checkpoint(path: Path) -> None:
+            self.planes.trainer.save_checkpoint(str(path))
+
+        self.recover.save(
+            RecoverInfo(
+                step=step,
+                version=step,
+                loader_state=self.loader.state_dict(),
+                in_flight=self.planes.rollout.in_flight(),
+                checkpoint=Path(),
+            ),
+            write_checkpoint,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> RunSummary:
+        from areal_core.stats import StatsLogger, plot_reward_curve
+
+        config, planes = self.config, self.planes
+        start_step = self._restore()
+        version = start_step
+        if start_step:
+            planes.updater.update(version)  # servers start from the initial weights
+        planes.rollout.set_version(version)
+        planes.rollout.start()
+        stats_log = StatsLogger(self.run_dir, tensorboard=config.stats.tensorboard, resume_step=start_step)
+        t0 = time.perf_counter()
+        samples = tokens = 0
+        last_eval: float | None = None
+        progress = _Progress(config.total_train_steps, start_step, enabled=config.stats.progress)
+        try:
+            with progress:
+                for step in range(start_step + 1, config.total_train_steps + 1):
+                    step_start = time.perf_counter()
+                    batch = order_batch(
+                        planes.rollout.prepare_batch(self.loader, self.workflow, config.train_dataset.batch_size)
+                    )
+                    rollout_stats = planes.rollout.stats
+                    stats = self._train_on(batch)
+                    version += 1
+                    stats["time/weight_update_s"] = self._update_weights(version)
+                    n_tokens = sum(t.n_output_tokens for t in batch)
+                    samples, tokens = samples + len(batch), tokens + n_tokens
+                    stats.update(
+                        {
+                            "reward/mean": _mean([t.reward for t in batch]),
+                            "rollout/max_lag": float(rollout_stats.batch_max_lag),
+                            "rollout/mean_lag": rollout_stats.batch_mean_lag,
+                            "rollout/rejected": float(rollout_stats.rejected),
+                            "rollout/failed": float(rollout_stats.failed),
+                            "rollout/reward_errors": float(planes.rewards.stats.errors + planes.rewards.stats.timeouts),
+                            "time/step_s": time.perf_counter() - step_start,
+                            "perf/tokens_per_s": tokens / (time.perf_counter() - t0),
+                            "perf/output_tokens": float(n_tokens),
+                        }
+                    )
+                    every = config.stats.eval_every
+                    if self.valid_items and every and (step % every == 0 or step == config.total_train_steps):
+                        last_eval = stats["eval/accuracy"] = self._evaluate()
+                    stats_log.log(step, stats)
+                    progress.update(step, stats)
+                    if config.recover.mode == "auto" and step % config.recover.freq_steps == 0:
+                        self._save_recover_point(step)
+                    if config.saver.freq_steps and step % config.saver.freq_steps == 0:
+                        self._save_hf(f"step{step}")
+            final = self._save_hf("final")
+        finally:
+            stats_log.close()
+            planes.rollout.stop()
+        history = stats_log.history
+        plot_reward_curve(history, self.run_dir / "reward_curve.png", f"{config.experiment_name}/{config.trial_name}")
+        rewards = [row["reward/mean"] for row in history]
+        return RunSummary(
+            steps=len(history),
+            samples=samples,
+            output_tokens=tokens,
+            wall_seconds=time.perf_counter() - t0,
+            reward_first=rewards[0] if rewards else 0.0,
+            reward_last=_mean(rewards[-5:]),
+            eval_accuracy=last_eval,
+            run_dir=self.run_dir,
+            final_model=final,
+        )
+
+    def _save_hf(self, name: str) -> Path:
+        """Write an HF checkpoint under ``checkpoints/``, keeping ``saver.keep_last`` step ones."""
+        root = self.run_dir / "checkpoints"
+        path = root / name
+        tmp = root / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.planes.trainer.save_hf(str(tmp))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        steps = sorted((p for p in root.glob("step*") if p.is_dir()), key=lambda p: int(p.name[4:]))
+        for old in steps[: -self.config.saver.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+
+class _Progress:
+    """A rich progress bar with step, reward, staleness and tokens/s (plain lines when disabled)."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, done, enabled
+        self._progress = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=self.total, completed=self.done, status="")
+        return self
+
+    def update(self, step: int, stats: dict[str, float]) -> None:
+        status = (
+            f"reward {stats['reward/mean']:.2f}  lag {stats['rollout/max_lag']:.0f}"
+            f"  {stats['perf/tokens_per_s']:.0f} tok/s"
+        )
+        if "eval/accuracy" in stats:
+            status += f"  eval {stats['eval/accuracy']:.2f}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status=status)
+        else:
+            logger.info("step %d/%d  %s", step, self.total, status)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def run_training(config_path: str | None, overrides: list[str]) -> RunSummary:
+    """``areal run``: load, resolve, train, print the summary."""
+    from rich.console import Console
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = Trainer(load_config(config_path, overrides)).run()
+    Console().print(summary.render())
+    return summary
