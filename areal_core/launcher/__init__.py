@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import Callable, Sequence
 
 from areal_core.config import Config, load_config
 
@@ -13,5 +13,23 @@ def parse_script_args(argv: Sequence[str] | None = None) -> Config:
     parser = argparse.ArgumentParser(description="areal-core training script")
     parser.add_argument("--config", default=None, help="YAML config (defaults if omitted)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     return load_config(ns.config, ns.overrides)
+
+
+def script_main(main: Callable[[Config], object], argv: Sequence[str] | None = None) -> None:
+    """Run ``main(config)`` for a training script; user errors print one line and exit 2."""
+    import logging
+    import sys
+
+    from areal_core.errors import ArealError
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        main(parse_script_args(argv))
+    except ArealError as exc:
+        print(f"areal: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("areal: interrupted; servers and workers stopped", file=sys.stderr)
+        sys.exit(130)

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("script", help="training script (the controller)")
     parser.add_argument("--config", default=None, help="YAML config")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     try:
         config = _validate(ns.config, ns.overrides)
     except ArealError as exc:
