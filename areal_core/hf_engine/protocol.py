@@ -1,0 +1,101 @@
+"""JSON bodies exchanged between :class:`HFEngine` and the hf server (one attrs class each)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import attrs
+
+#: The server reads its bearer token from this variable; every endpoint but ``/health`` needs it.
+TOKEN_ENV = "AREAL_SERVER_TOKEN"
+
+T = TypeVar("T")
+
+
+@attrs.frozen(kw_only=True)
+class GenerateBody:
+    """``POST /generate``: decode up to ``max_new_tokens`` after ``input_ids``."""
+
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: list[int] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
+class GenerateResult:
+    """Reply to ``/generate``; ``stop_reason`` is "stop", "length" or "abort"."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_reason: str
+
+
+@attrs.frozen(kw_only=True)
+class LoadWeightsBody:
+    """``POST /load_weights``: load HF safetensors from ``path`` and serve them as ``version``."""
+
+    path: str
+    version: int
+
+
+@attrs.frozen(kw_only=True)
+class SetVersionBody:
+    """``POST /set_version``."""
+
+    version: int
+
+
+@attrs.frozen(kw_only=True)
+class WeightGroupBody:
+    """``POST /init_weight_group``: join the trainer's broadcast group as rank ``rank_offset``."""
+
+    master_addr: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    backend: str
+    group_name: str
+
+
+@attrs.frozen(kw_only=True)
+class ReceiveWeightsBody:
+    """``POST /receive_weights``: one flat bucket (see :mod:`areal_core.hf_engine.bucket`)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
+@attrs.frozen(kw_only=True)
+class Health:
+    """Reply to ``GET /health``."""
+
+    status: str
+    version: int
+    paused: bool
+    running: int
+    queued: int
+    served: int
+
+
+def to_json(body: Any) -> dict[str, Any]:
+    return attrs.asdict(body)
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """Build ``cls`` from decoded JSON; a missing/unknown field raises ValueError naming it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+    names = {f.name for f in attrs.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; expected {sorted(names)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(f"{cls.__name__}: {exc}") from None

@@ -1,0 +1,200 @@
+"""The hf generation server: ``python -m areal_core.hf_engine.server --model DIR --port N ...``.
+
+An aiohttp app on 127.0.0.1 in front of a :class:`Generator`. ``GET /health`` is open; every
+other endpoint needs ``Authorization: Bearer $AREAL_SERVER_TOKEN``. Bodies are the attrs classes
+of :mod:`areal_core.hf_engine.protocol`; errors are ``{"error": "..."}`` with status 400/401/409.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import hmac
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import torch
+from aiohttp import web
+
+from areal_core.hf_engine.generator import Generator
+from areal_core.hf_engine.protocol import (
+    TOKEN_ENV,
+    GenerateBody,
+    Health,
+    LoadWeightsBody,
+    ReceiveWeightsBody,
+    SetVersionBody,
+    WeightGroupBody,
+    from_json,
+    to_json,
+)
+from areal_core.hf_engine.receiver import WeightGroup, check_load_path, copy_into_model, read_safetensors_dir
+
+log = logging.getLogger("areal_core.hf_engine.server")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _auth_middleware(token: str):
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path != "/health":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(401, f"missing or wrong bearer token (the client must send ${TOKEN_ENV})")
+        try:
+            return await handler(request)
+        except ValueError as exc:  # bad input: tell the caller what to fix
+            log.warning("%s refused: %s", request.path, exc)
+            return _error(400, str(exc))
+        except Exception as exc:  # noqa: BLE001 - report it to the client, keep serving
+            log.exception("%s failed", request.path)
+            return _error(500, f"{type(exc).__name__}: {exc}")
+
+    return check
+
+
+async def _body(request: web.Request, cls: type) -> Any:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise ValueError(f"{request.path} expects a JSON body") from None
+    return from_json(cls, data)
+
+
+class _Routes:
+    """Endpoint handlers over one generator (and, once joined, one weight group)."""
+
+    def __init__(self, generator: Generator, allowed_root: Path, group_timeout_s: float) -> None:
+        self.gen = generator
+        self.allowed_root = allowed_root
+        self.group_timeout_s = group_timeout_s
+        self.group: WeightGroup | None = None
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/abort_all", self.abort_all)
+        app.router.add_post("/continue", self.continue_)
+        app.router.add_post("/set_version", self.set_version)
+        app.router.add_post("/load_weights", self.load_weights)
+        app.router.add_post("/init_weight_group", self.init_weight_group)
+        app.router.add_post("/receive_weights", self.receive_weights)
+
+    async def health(self, request: web.Request) -> web.Response:
+        gen = self.gen
+        health = Health(
+            status="ok",
+            version=gen.version,
+            paused=gen.paused,
+            running=gen.running,
+            queued=gen.queued,
+            served=gen.served,
+        )
+        return web.json_response(to_json(health))
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await _body(request, GenerateBody)
+        return web.json_response(to_json(await self.gen.generate(body)))
+
+    async def abort_all(self, request: web.Request) -> web.Response:
+        aborted = await self.gen.pause()
+        log.info("paused; aborted %d running requests", aborted)
+        return web.json_response({"aborted": aborted})
+
+    async def continue_(self, request: web.Request) -> web.Response:
+        self.gen.resume()
+        log.info("resumed")
+        return web.json_response({"paused": False})
+
+    async def set_version(self, request: web.Request) -> web.Response:
+        body = await _body(request, SetVersionBody)
+        self.gen.version = body.version
+        return web.json_response({"version": body.version})
+
+    async def load_weights(self, request: web.Request) -> web.Response:
+        body = await _body(request, LoadWeightsBody)
+        directory = check_load_path(body.path, self.allowed_root)
+        tensors = await asyncio.to_thread(read_safetensors_dir, directory)
+
+        def swap() -> None:
+            copy_into_model(self.gen.model, tensors, complete=True)
+            self.gen.version = body.version
+
+        await self.gen.on_model_thread(swap)
+        log.info("loaded %s as version %d", directory, body.version)
+        return web.json_response({"version": body.version})
+
+    async def init_weight_group(self, request: web.Request) -> web.Response:
+        body = await _body(request, WeightGroupBody)
+        self.group = await asyncio.to_thread(WeightGroup, body, self.group_timeout_s)
+        return web.json_response({"rank": self.group.rank})
+
+    async def receive_weights(self, request: web.Request) -> web.Response:
+        body = await _body(request, ReceiveWeightsBody)
+        if self.group is None:
+            return _error(409, "no weight group: call /init_weight_group first")
+        tensors = await asyncio.to_thread(self.group.receive, body)
+        await self.gen.on_model_thread(functools.partial(copy_into_model, self.gen.model, tensors, complete=False))
+        return web.json_response({"received": len(tensors)})
+
+
+def _load_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
+    """The model in eval mode, its end-of-sequence ids and a pad id."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    eos: set[int] = set()
+    for source in (model.config, model.generation_config):
+        value = getattr(source, "eos_token_id", None)
+        eos.update([value] if isinstance(value, int) else value or [])
+    pad = model.generation_config.pad_token_id
+    pad = pad if isinstance(pad, int) else min(eos, default=0)
+    return model, frozenset(eos), pad
+
+
+def build_app(args: argparse.Namespace, token: str) -> web.Application:
+    torch.set_num_threads(int(os.environ.get("AREAL_NUM_THREADS", "1")))
+    model, eos, pad = _load_model(args.model, args.dtype)
+    generator = Generator(model, eos_ids=eos, pad_id=pad, max_batch_size=args.max_batch_size, seed=args.seed)
+    app = web.Application(middlewares=[_auth_middleware(token)], client_max_size=1 << 26)
+    _Routes(generator, Path(args.allowed_root), args.group_timeout).add_to(app)
+
+    async def run_generator(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(generator.serve_forever())
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(run_generator)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--allowed-root", required=True, help="only weights under this directory may be loaded")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--group-timeout", type=float, default=300.0, help="seconds for weight-group collectives")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"set {TOKEN_ENV} to the bearer token clients will send")
+    log.info("loading %s (%s), serving on 127.0.0.1:%d", args.model, args.dtype, args.port)
+    web.run_app(build_app(args, token), host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

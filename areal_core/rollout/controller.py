@@ -1,0 +1,272 @@
+"""Asynchronous rollout controller: workflows run on an asyncio loop in a background thread.
+
+The trainer's thread calls ``prepare_batch`` each step; it tops up submissions to the staleness
+capacity and returns as soon as a batch of accepted episodes may be consumed, leaving the other
+episodes in flight for the next step. ``pause``/``set_version``/``resume`` bracket a weight update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
+
+import attrs
+
+from areal_core.config import Config
+from areal_core.engine import InferenceEngine
+from areal_core.rollout.staleness import StalenessManager, Ticket
+from areal_core.rollout.workflow import Workflow
+from areal_core.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@attrs.define
+class RolloutStats:
+    """Counts in episodes; the lag fields describe the last batch taken (output tokens only)."""
+
+    submitted: int = 0  # episodes started
+    accepted: int = 0
+    rejected: int = 0  # the workflow returned None
+    failed: int = 0  # the workflow raised or returned something that is not an episode
+    running: int = 0
+    queued: int = 0  # submitted by the caller, waiting for staleness capacity
+    consumed: int = 0  # episodes handed to the trainer
+    batch_max_lag: int = 0
+    batch_mean_lag: float = 0.0
+
+
+@attrs.define
+class _Episode:
+    ticket: Ticket
+    data: dict[str, Any]
+    trajectories: list[Trajectory] = attrs.Factory(list)
+
+
+class RolloutController:
+    def __init__(self, engine: InferenceEngine, staleness: StalenessManager) -> None:
+        self.engine = engine
+        self.staleness = staleness
+        self._cond = threading.Condition(threading.RLock())
+        self._queue: collections.deque[tuple[dict[str, Any], Workflow]] = collections.deque()
+        self._running: dict[int, dict[str, Any]] = {}
+        self._ready: dict[int, _Episode] = {}
+        self._stats = RolloutStats()
+        self._paused = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_config(cls, engine: InferenceEngine, config: Config, version: int = 0) -> RolloutController:
+        staleness = StalenessManager.from_config(config.rollout, config.train_dataset.batch_size, version)
+        return cls(engine, staleness)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("RolloutController.start() called twice")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._thread.start()
+        self._schedule_pump()
+
+    def stop(self) -> None:
+        """Cancel every running episode and end the loop thread (idempotent)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self) -> RolloutController:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the rollout loop (where the engine's async calls live) and wait for it."""
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the rollout controller is not running; call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, data: dict[str, Any], workflow: Workflow) -> None:
+        """Queue one episode; it starts as soon as the staleness capacity allows."""
+        with self._cond:
+            self._queue.append((data, workflow))
+        self._schedule_pump()
+
+    def _schedule_pump(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._pump)
+
+    def _pump(self) -> None:
+        """Start queued episodes while there is capacity (runs on the loop thread)."""
+        with self._cond:
+            while self._queue and not self._paused and self.staleness.capacity() > 0:
+                data, workflow = self._queue.popleft()
+                ticket = self.staleness.submit()
+                self._running[ticket.serial] = data
+                task = asyncio.get_running_loop().create_task(self._run_episode(ticket, data, workflow))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _run_episode(self, ticket: Ticket, data: dict[str, Any], workflow: Workflow) -> None:
+        try:
+            episode = _checked_episode(await workflow(self.engine, data))
+            outcome = "accepted" if episode is not None else "rejected"
+        except Exception:  # a workflow bug or a failed request must not stop the loop
+            logger.exception("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"))
+            episode, outcome = None, "failed"
+        with self._cond:
+            del self._running[ticket.serial]
+            if episode is not None:
+                self.staleness.accept(ticket)
+                self._ready[ticket.serial] = _Episode(ticket, data, episode)
+            else:
+                self.staleness.reject(ticket)
+            setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
+            self._cond.notify_all()
+        self._pump()
+
+    # ------------------------------------------------------------------ consumption
+
+    def wait(self, n: int, timeout: float | None = None) -> list[Trajectory]:
+        """Take ``n`` accepted episodes (flattened, each group contiguous); TimeoutError if late."""
+        return self._take(n, timeout, refill=None)
+
+    def prepare_batch(
+        self,
+        dataloader: Iterator[dict[str, Any]],
+        workflow: Workflow,
+        batch_size: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Trajectory]:
+        """Keep the pipe full from ``dataloader`` and return one batch of ``batch_size`` episodes."""
+        n = self.staleness.batch_size if batch_size is None else batch_size
+        if n != self.staleness.batch_size:
+            raise ValueError(
+                f"prepare_batch(batch_size={n}) differs from the staleness manager's batch_size="
+                f"{self.staleness.batch_size}; build the controller with the train batch size"
+            )
+        return self._take(n, timeout, refill=lambda: self._fill(dataloader, workflow))
+
+    def _fill(self, dataloader: Iterator[dict[str, Any]], workflow: Workflow) -> None:
+        room = self.staleness.capacity() - len(self._queue)
+        for _ in range(max(0, room)):
+            item = next(dataloader, None)
+            if item is None:
+                break
+            self.submit(item, workflow)
+
+    def _take(self, n: int, timeout: float | None, refill: Callable[[], None] | None) -> list[Trajectory]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if n > self.staleness.window():
+                raise ValueError(
+                    f"waiting for {n} episodes at version {self.version}, but the staleness window admits only "
+                    f"{self.staleness.window()}; consume batches of rollout batch_size and bump the version"
+                )
+            while True:
+                if refill is not None:
+                    refill()
+                chosen = self.staleness.select(n)
+                if chosen is not None:
+                    break
+                if self._thread is None or not self._thread.is_alive():
+                    raise RuntimeError("the rollout controller is not running; call start() first")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"{self.staleness.ready} of {n} episodes ready after {timeout}s "
+                        f"({self.staleness.running} running); raise the timeout or check the engine"
+                    )
+                self._cond.wait(remaining)
+            episodes = [self._ready.pop(t.serial) for t in chosen]
+            self.staleness.consume(chosen)
+            self._stats.consumed += len(chosen)
+            batch = [traj for ep in episodes for traj in ep.trajectories]
+            lags = [self.staleness.version - v for traj in batch for v in traj.versions if v >= 0]
+            self._stats.batch_max_lag = max(lags, default=0)
+            self._stats.batch_mean_lag = sum(lags) / len(lags) if lags else 0.0
+        return batch
+
+    # ------------------------------------------------------------------ weight updates
+
+    def pause(self) -> None:
+        """Stop starting episodes and interrupt in-flight generation (before a weight update)."""
+        with self._cond:
+            self._paused = True
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+        with self._cond:
+            self._paused = False
+        self._schedule_pump()
+
+    def set_version(self, version: int) -> None:
+        """The trainer's new version: tags new tokens and opens the staleness window."""
+        self.engine.set_version(version)
+        with self._cond:
+            self.staleness.set_version(version)
+            self._cond.notify_all()
+        self._schedule_pump()
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def version(self) -> int:
+        return self.staleness.version
+
+    @property
+    def stats(self) -> RolloutStats:
+        """A snapshot of the counters."""
+        with self._cond:
+            return attrs.evolve(
+                self._stats, submitted=self.staleness.submitted, running=len(self._running), queued=len(self._queue)
+            )
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Dataset items taken but not yet consumed (queued, running or ready): a checkpoint keeps them."""
+        with self._cond:
+            return [d for d, _ in self._queue] + list(self._running.values()) + [e.data for e in self._ready.values()]
+
+
+def _checked_episode(result: Any) -> list[Trajectory] | None:
+    """The workflow's result, or TypeError/ValueError if it is not one episode."""
+    if result is None:
+        return None
+    if not isinstance(result, list) or not result or not all(isinstance(t, Trajectory) for t in result):
+        raise TypeError(f"a workflow must return a non-empty list[Trajectory] or None, got {type(result).__name__}")
+    if len({t.prompt_id for t in result}) != 1:
+        prompt_ids = sorted({t.prompt_id for t in result})
+        raise ValueError(f"an episode's trajectories must share one prompt_id, got {prompt_ids}")
+    uids = [t.uid for t in result]
+    if not all(uids) or len(set(uids)) != len(uids):
+        raise ValueError(f"every trajectory needs its own non-empty uid, got {uids}")
+    return result
+
+
+def _name(workflow: Workflow) -> str:
+    return getattr(workflow, "__name__", type(workflow).__name__)

@@ -1,0 +1,223 @@
+"""Run a reward function in worker processes, with a per-call timeout.
+
+A reward that raises, returns a non-finite value, kills its worker or runs past ``timeout``
+scores 0.0; the failure is counted and logged and never reaches the caller. A worker that runs
+past the timeout is killed and replaced, so later calls never wait on it. Workers come from the
+``forkserver`` (else ``spawn``) start method: the caller has threads and an event loop, which
+``fork`` would copy half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import multiprocessing as mp
+import pickle
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+import attrs
+
+from areal_core.reward import RewardFn, call_reward
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a new worker may take to start and import the reward's module.
+STARTUP_TIMEOUT = 120.0
+_REASON_CHARS = 200
+
+
+@attrs.frozen
+class RewardStats:
+    """Counters since the runner started: every call, and the failures that scored 0."""
+
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+
+def _worker_main(conn: Connection, fn_bytes: bytes) -> None:
+    """Worker loop: unpickle the reward, report ready, then answer one job per message."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        fn = pickle.loads(fn_bytes)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send((True, None))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if job is None:
+            return
+        prompt, completion, data = job
+        try:
+            value = call_reward(fn, prompt, completion, data)
+            reply = (True, value) if math.isfinite(value) else (False, f"returned {value}")
+        except BaseException as exc:  # noqa: BLE001 - any failure scores 0 in the parent
+            reply = (False, f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: Any, fn_bytes: bytes, name: str) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, fn_bytes), daemon=True, name=name)
+        self.process.start()
+        child.close()
+        try:
+            ready, reason = self.conn.recv() if self.conn.poll(STARTUP_TIMEOUT) else (False, "no answer")
+        except EOFError:
+            ready, reason = False, f"exit code {self._exit_code()}"
+        if not ready:
+            self.kill()
+            raise RuntimeError(f"reward worker {name} failed to start ({reason}); check the reward's module imports")
+
+    def _exit_code(self) -> int | None:
+        self.process.join(timeout=5)
+        return self.process.exitcode
+
+    def died(self) -> str:
+        return f"worker process died (exit code {self._exit_code()})"
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit; kill it if it does not."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=5)
+        self.kill()
+
+
+class RewardRunner:
+    """Scores completions with ``fn`` in up to ``workers`` processes, ``timeout`` seconds per call."""
+
+    def __init__(self, fn: RewardFn, *, workers: int, timeout: float) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        self.name = getattr(fn, "__qualname__", repr(fn))
+        try:
+            self._fn_bytes = pickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - lambdas, closures, bound methods of odd objects
+            raise ValueError(
+                f"reward {self.name} cannot be sent to worker processes ({exc}); use a module-level function"
+            ) from None
+        self.workers = workers
+        self.timeout = timeout
+        methods = mp.get_all_start_methods()
+        self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="areal-reward")
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._stats = RewardStats()
+        self._closed = False
+
+    @property
+    def stats(self) -> RewardStats:
+        with self._lock:
+            return self._stats
+
+    def start(self) -> None:
+        """Start every worker before scoring, so a reward whose module fails to import fails here, not mid-run."""
+        with self._lock:
+            missing = self.workers - len(self._idle) - len(self._busy)
+        started = [self._new_worker() for _ in range(missing)]
+        with self._lock:
+            self._idle.extend(started)
+
+    async def score(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
+        """The reward for one completion; 0.0 (counted and logged) when the reward fails."""
+        if self._closed:
+            raise RuntimeError("RewardRunner is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self._score_blocking, prompt, completion, data)
+
+    def _score_blocking(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
+        self._count("calls")
+        worker = self._acquire()
+        healthy = False
+        try:
+            try:
+                worker.conn.send((prompt, completion, data))  # pickles first: a failure sends nothing
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                healthy = True
+                return self._failed("errors", f"arguments cannot be pickled: {exc}")
+            except OSError:
+                return self._failed("errors", worker.died())
+            if not worker.conn.poll(self.timeout):
+                return self._failed("timeouts", f"no result within {self.timeout:g}s; worker replaced")
+            try:
+                ok, value = worker.conn.recv()
+            except (EOFError, OSError):
+                return self._failed("errors", worker.died())
+            healthy = True
+            return float(value) if ok else self._failed("errors", value)
+        finally:
+            self._release(worker, healthy)
+
+    def _acquire(self) -> _Worker:
+        # At most `workers` threads run this, so idle + busy never exceeds `workers`.
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is not None and not worker.process.is_alive():  # died while idle (e.g. OOM-killed)
+            worker.kill()
+            worker = None
+        if worker is None:
+            worker = self._new_worker()
+        with self._lock:
+            self._busy.add(worker)
+        return worker
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._ctx, self._fn_bytes, f"areal-reward-{self.name}")
+
+    def _release(self, worker: _Worker, healthy: bool) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            keep = healthy and not self._closed
+            if keep:
+                self._idle.append(worker)
+        if not keep:
+            worker.kill()
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            self._stats = attrs.evolve(self._stats, **{counter: getattr(self._stats, counter) + 1})
+
+    def _failed(self, counter: str, reason: str) -> float:
+        self._count(counter)
+        short = (reason.strip().splitlines() or ["no reason given"])[0][:_REASON_CHARS]
+        logger.warning("reward %s scored 0: %s", self.name, short)
+        return 0.0
+
+    def close(self) -> None:
+        """Wait for running calls, cancel queued ones, and stop every worker process."""
+        self._closed = True
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.stop()
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

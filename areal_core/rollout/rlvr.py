@@ -1,0 +1,51 @@
+"""Single-turn RLVR: one prompt, ``n_samples`` completions sampled concurrently, verifiable rewards."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from areal_core.config import GenerationConfig
+from areal_core.datasets import reward_data
+from areal_core.engine import GenerationRequest, InferenceEngine
+from areal_core.rollout.workflow import (
+    RewardScorer,
+    TokenSequence,
+    encode_chat,
+    sampling_params,
+    stop_at_strings,
+)
+from areal_core.trajectory import Trajectory
+
+
+class RLVRWorkflow:
+    """``data`` needs ``"id"`` and ``"prompt"``; every other field is passed to the reward."""
+
+    def __init__(
+        self, tokenizer: Any, gconfig: GenerationConfig, reward_runner: RewardScorer, *, greedy: bool = False
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig
+        self.reward_runner = reward_runner
+        self.sampling = sampling_params(gconfig, tokenizer, greedy=greedy)
+
+    async def __call__(self, engine: InferenceEngine, data: dict[str, Any]) -> list[Trajectory]:
+        messages = [{"role": "user", "content": data["prompt"]}]
+        prompt_ids = encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+        return list(
+            await asyncio.gather(*(self._sample(engine, data, prompt_ids, i) for i in range(self.gconfig.n_samples)))
+        )
+
+    async def _sample(
+        self, engine: InferenceEngine, data: dict[str, Any], prompt_ids: list[int], index: int
+    ) -> Trajectory:
+        response = await engine.agenerate(GenerationRequest(input_ids=prompt_ids, sampling=self.sampling))
+        n_kept = stop_at_strings(self.tokenizer, response.output_ids, self.gconfig.stop)
+        completion = self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True)
+        reward = await self.reward_runner.score(data["prompt"], completion, reward_data(data))
+        seq = TokenSequence()
+        seq.add_context(prompt_ids)
+        seq.add_output(response, n_kept)
+        stop_reason = "stop" if n_kept < len(response.output_ids) else response.stop_reason
+        info = {"stop_reason": stop_reason, "latency": response.latency, "completion": completion, "sample_index": index}
+        return seq.to_trajectory(str(data["id"]), reward, info)

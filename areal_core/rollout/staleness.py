@@ -1,0 +1,144 @@
+"""Staleness control: how many episodes may start now, and which finished ones a batch may take.
+
+Counted in episodes (one prompt group). With trainer version ``v``, batch size ``B`` and bound
+``eta = max_head_offpolicyness``, new episodes may start while
+``accepted + running < (eta + v + 1) * B`` (``accepted`` is cumulative, consumed ones included)
+and ``running < max_concurrent``. An episode started at version ``s`` must be consumed by a batch
+taken at version ``<= s + eta`` (its *deadline*). :meth:`StalenessManager.select` takes finished
+episodes earliest-deadline first and waits (returns ``None``) while a still-running episode could
+otherwise miss its deadline, so with one batch per version no consumed episode lags by more than
+``eta`` (``eta = 0`` is synchronous training).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from areal_core.config import RolloutConfig
+
+
+@attrs.frozen
+class Ticket:
+    """One started episode: ``serial`` is unique per manager, ``version`` the trainer's at start."""
+
+    serial: int
+    version: int
+
+
+class StalenessManager:
+    """Single-threaded bookkeeping; the rollout controller serialises calls under its lock."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        max_head_offpolicyness: int,
+        max_concurrent: int,
+        version: int = 0,
+        consumed: int | None = None,
+    ) -> None:
+        if batch_size < 1 or max_concurrent < 1 or max_head_offpolicyness < 0 or version < 0:
+            raise ValueError(
+                f"need batch_size>=1, max_concurrent>=1, max_head_offpolicyness>=0, version>=0; got "
+                f"{batch_size}, {max_concurrent}, {max_head_offpolicyness}, {version}"
+            )
+        self.batch_size = batch_size
+        self.max_head_offpolicyness = max_head_offpolicyness
+        self.max_concurrent = max_concurrent
+        self.version = version
+        self.consumed = version * batch_size if consumed is None else consumed
+        self.accepted = self.consumed  # cumulative: consumed + ready
+        self.submitted = 0
+        self.rejected = 0
+        self._serial = 0
+        self._running: dict[int, Ticket] = {}
+        self._ready: dict[int, Ticket] = {}
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig, batch_size: int, version: int = 0) -> StalenessManager:
+        return cls(
+            batch_size=batch_size,
+            max_head_offpolicyness=rollout.max_head_offpolicyness,
+            max_concurrent=rollout.max_concurrent_rollouts,
+            version=version,
+        )
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def ready(self) -> int:
+        """Accepted episodes not yet consumed by a batch."""
+        return len(self._ready)
+
+    def deadline(self, ticket: Ticket) -> int:
+        """The last trainer version whose batch may consume this episode."""
+        return ticket.version + self.max_head_offpolicyness
+
+    def window(self) -> int:
+        """Episodes not yet consumed that the current version admits (ready and running included)."""
+        return (self.max_head_offpolicyness + self.version + 1) * self.batch_size - self.consumed
+
+    def capacity(self) -> int:
+        """How many more episodes may start now."""
+        return min(self.max_concurrent - self.running, self.window() - (self.ready + self.running))
+
+    def submit(self) -> Ticket:
+        if self.capacity() <= 0:
+            raise RuntimeError(f"no rollout capacity at version {self.version}; check capacity() before submit()")
+        ticket = Ticket(self._serial, self.version)
+        self._serial += 1
+        self.submitted += 1
+        self._running[ticket.serial] = ticket
+        return ticket
+
+    def accept(self, ticket: Ticket) -> None:
+        self._ready[ticket.serial] = self._running.pop(ticket.serial)
+        self.accepted += 1
+
+    def reject(self, ticket: Ticket) -> None:
+        """A rejected or failed episode: it frees its slot and is never consumed."""
+        del self._running[ticket.serial]
+        self.rejected += 1
+
+    def select(self, n: int) -> list[Ticket] | None:
+        """The ``n`` ready episodes a batch at the current version should take, or None to wait.
+
+        Takes earliest deadlines first, then checks that the episodes left over (running ones
+        included, as they may still be accepted) fit the ``B`` slots of each later version up to
+        their deadlines; a deadline that no running episode shares cannot improve by waiting.
+        """
+        if len(self._ready) < n:
+            return None
+        ready = sorted(self._ready.values(), key=lambda t: (self.deadline(t), t.serial))
+        chosen, left = ready[:n], ready[n:]
+        running_deadlines = sorted(self.deadline(t) for t in self._running.values())
+        if not running_deadlines:
+            return chosen
+        left_deadlines = sorted([self.deadline(t) for t in left] + running_deadlines)
+        for count, deadline in enumerate(left_deadlines, start=1):
+            slots = (deadline - self.version) * self.batch_size
+            if count > slots and running_deadlines[0] <= deadline:
+                return None
+        return chosen
+
+    def consume(self, tickets: list[Ticket]) -> None:
+        for ticket in tickets:
+            del self._ready[ticket.serial]
+        self.consumed += len(tickets)
+
+    def set_version(self, version: int) -> None:
+        if version < self.version:
+            raise ValueError(f"trainer version went back from {self.version} to {version}")
+        self.version = version
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps: in-flight and unconsumed episodes are lost on restart."""
+        return {"version": self.version, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.version = int(state["version"])
+        self.consumed = self.accepted = int(state["consumed"])
+        self._running.clear()
+        self._ready.clear()

@@ -1,0 +1,207 @@
+"""Memory-lean per-token log-probs (and entropy) from hidden states and the output embedding.
+
+The full ``[N, V]`` logits are never held for the whole batch, neither in the forward nor the
+backward: :class:`_ChunkedLogProbs` is a custom autograd function that saves only its inputs and,
+in backward, recomputes each ``[chunk, V]`` block of logits, turns it into the logit gradient in
+closed form and multiplies it straight into the hidden and weight gradients. Compared with
+per-chunk ``torch.utils.checkpoint`` this avoids re-running autograd's softmax graph, keeps one
+fp32 weight-gradient buffer instead of one ``[V, H]`` gradient per chunk summed by autograd, and
+gives the entropy gradient analytically. Peak extra memory is one ``[chunk, V]`` fp32 block (two
+with entropy), worked on in place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.autograd.function import once_differentiable
+
+if TYPE_CHECKING:
+    from areal_core.train.packing import PackedBatch
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log p(labels[t] | hidden[t])`` under ``softmax(hidden @ weight.T / temperature)``, in fp32.
+
+    Returns ``(logprobs [N], entropy [N] or None)``. Gradients flow to ``hidden`` and ``weight``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"need hidden [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels {tuple(labels.shape)} must be [N] with N={hidden.shape[0]}")
+    logp, entropy = _ChunkedLogProbs.apply(hidden, weight, labels, temperature, chunk_size, with_entropy)
+    return logp, entropy if with_entropy else None
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs ``[N]`` aligned to tokens: entry t is ``log p(input_ids[t] | earlier
+    tokens of its sequence)``, 0.0 at each sequence's first token; entropy (optional) likewise is
+    that of the distribution which predicted token t.
+
+    Uses the model's output embedding (tied ``lm_head``). Works on FSDP2-sharded models: the head
+    weight is read while the root's parameters are all-gathered, so its gradient reaches the
+    sharded parameter through FSDP's own reduce-scatter.
+    """
+    from areal_core.train.packing import packed_hidden_states
+
+    hidden = packed_hidden_states(model, batch)
+    weight = _unsharded_head_weight(model)
+    ids = batch.input_ids[0]
+    # hidden[t] predicts ids[t + 1]; rows that cross a sequence boundary are masked to 0 below
+    logp, entropy = token_logprobs(
+        hidden[:-1], weight, ids[1:], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+    )
+    starts = batch.seq_starts
+    zero = logp.new_zeros(1)
+    logp = torch.where(starts, 0.0, torch.cat([zero, logp]))
+    if entropy is not None:
+        entropy = torch.where(starts, 0.0, torch.cat([zero, entropy]))
+    return logp, entropy
+
+
+def _unsharded_head_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The output-embedding weight as a plain tensor that FSDP2 will reduce gradients for.
+
+    FSDP2 keeps the root's parameters all-gathered after forward by default, so the head's
+    ``weight`` is already the unsharded parameter. If the root was built with
+    ``reshard_after_forward=True`` it is a DTensor again; then we unshard the owning FSDP module
+    explicitly (its post-backward still runs in FSDP's final backward callback). With grad enabled
+    we do not use ``DTensor.full_tensor()``: its gradient would bypass FSDP's reduce-scatter (and
+    in a 2-rank gloo run it crashed the process); without grad it is the simple, correct choice.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head); cannot compute log-probs")
+    if not isinstance(head.weight, DTensor):
+        return head.weight
+    if not torch.is_grad_enabled():  # e.g. recomputing proximal log-probs: values only
+        return head.weight.full_tensor()
+    owner = next((m for m in (head, model) if isinstance(m, FSDPModule)), None)
+    if owner is None:
+        raise ValueError("lm_head weight is a DTensor but neither lm_head nor the root is an FSDP2 module")
+    owner.unshard()
+    return head.weight
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Chunked ``log_softmax`` gather (+ entropy) with recompute-in-backward; see module docstring."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        w = weight.float()
+        logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        entropy = torch.empty_like(logp) if with_entropy else logp.new_zeros(0)
+        for lo, hi in _chunks(hidden.shape[0], chunk_size):
+            ent_out = entropy[lo:hi] if with_entropy else None
+            _forward_chunk(hidden[lo:hi], w, labels[lo:hi], temperature, logp[lo:hi], ent_out)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, labels = ctx.saved_tensors
+        if grad_entropy is not None and grad_entropy.numel() == 0:
+            grad_entropy = None
+        w = weight.float()
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        for lo, hi in _chunks(hidden.shape[0], ctx.chunk_size):
+            h = hidden[lo:hi].float()
+            grad_logits = _logit_grad_chunk(
+                h,
+                w,
+                labels[lo:hi],
+                ctx.temperature,
+                None if grad_logp is None else grad_logp[lo:hi, None].float(),
+                None if grad_entropy is None else grad_entropy[lo:hi, None].float(),
+            )
+            if grad_hidden is not None:
+                grad_hidden[lo:hi] = (grad_logits @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(grad_logits.T, h)
+            del grad_logits  # free this chunk's [chunk, V] block before the next is built
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_hidden, grad_w, None, None, None, None
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
+def _forward_chunk(h, w, labels, temperature, logp_out, entropy_out) -> None:
+    """Write one chunk's log-probs (and entropy) into the output slices."""
+    probs, label_logp, logp_all = _softmax_chunk(h, w, labels, temperature, keep_logp=entropy_out is not None)
+    logp_out.copy_(label_logp.squeeze(-1))
+    if entropy_out is not None:
+        entropy_out.copy_(-_rowdot(probs, logp_all).squeeze(-1))
+
+
+def _logit_grad_chunk(h, w, labels, temperature, g_lp, g_ent) -> torch.Tensor:
+    """Gradient w.r.t. one chunk's raw logits of  sum(g_lp * logp[label] + g_ent * entropy).
+
+    d/dz is  onehot * g_lp - p * (g_lp + g_ent * (log p + H)), then divided by the temperature.
+    """
+    probs, _, logp_all = _softmax_chunk(h, w, labels, temperature, keep_logp=g_ent is not None)
+    if g_lp is None:
+        g_lp = h.new_zeros(h.shape[0], 1)
+    coef = g_lp
+    if g_ent is not None:
+        ent = -_rowdot(probs, logp_all)
+        coef = logp_all.add_(ent).mul_(g_ent).add_(g_lp)
+    grad = probs.mul_(coef).neg_().scatter_add_(-1, labels[:, None], g_lp)
+    del coef, logp_all
+    return grad.div_(temperature) if temperature != 1.0 else grad
+
+
+def _softmax_chunk(h, w, labels, temperature, *, keep_logp: bool):
+    """``(probs [C, V], logp[label] [C, 1], log_softmax [C, V] or None)`` for one chunk, in fp32.
+
+    Works in place in the logits buffer, so without ``keep_logp`` only one ``[C, V]`` block lives.
+    """
+    z = _logits(h, w, temperature)
+    z.sub_(z.amax(-1, keepdim=True))
+    label_z = z.gather(-1, labels[:, None])
+    probs = z.exp() if keep_logp else z.exp_()
+    sums = probs.sum(-1, keepdim=True)
+    probs.div_(sums)
+    log_sums = sums.log_()
+    return probs, label_z - log_sums, z.sub_(log_sums) if keep_logp else None
+
+
+def _logits(hidden: torch.Tensor, weight_f32: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = hidden.float() @ weight_f32.T
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot product ``[C, 1]`` without a ``[C, V]`` temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).squeeze(-1)

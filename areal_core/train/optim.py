@@ -1,0 +1,53 @@
+"""AdamW and its learning-rate schedule (linear warm-up, then constant or cosine decay)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from areal_core.config import OptimizerConfig
+
+
+def lr_factor(step: int, config: OptimizerConfig, total_steps: int) -> float:
+    """Multiplier on ``config.lr`` for optimizer step ``step`` (0-based) of ``total_steps``."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+
+
+def build_optimizer(
+    params: list[torch.nn.Parameter], config: OptimizerConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``params`` and a LambdaLR stepping once per optimizer step."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+    schedule = functools.partial(lr_factor, config=config, total_steps=total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return optimizer, scheduler
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Global grad norm over all ranks' shards; clips to ``max_norm`` unless it is 0."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)

@@ -1,0 +1,159 @@
+"""Training worker process: one rank of the FSDP2 engine, driven by the controller over RPC.
+
+``python -m areal_core.train.worker --rank R --world-size W --controller 127.0.0.1:PORT``
+connects back to the controller (authkey from ``AREAL_TRAIN_AUTHKEY``), then runs the commands it
+receives (pickled attrs objects below) until :class:`Shutdown` or the controller goes away.
+torch.distributed reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.train.engine import TrainEngine
+    from areal_core.trajectory import Trajectory
+
+AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
+
+
+@attrs.frozen
+class Hello:
+    """First message of a worker: which rank this connection belongs to."""
+
+    rank: int
+
+
+@attrs.frozen
+class Reply:
+    """A worker's answer to one command: its value (rank 0 only) or a formatted traceback."""
+
+    rank: int
+    value: Any = None
+    error: str | None = None
+
+
+@attrs.frozen
+class Build:
+    """Create the engine: process group, sharded model, optimizer."""
+
+    config: Config
+    model_path: str
+
+    def build(self) -> TrainEngine:
+        from areal_core.platform import current_platform
+        from areal_core.plugins import load_plugins
+        from areal_core.train.engine import TrainEngine
+
+        algorithm = load_plugins().get("algorithm", self.config.actor.algorithm)(self.config.actor)
+        engine = TrainEngine(self.config, current_platform(), self.model_path, algorithm)
+        engine.initialize()
+        return engine
+
+
+@attrs.frozen
+class ComputeLogprobs:
+    sequences: list[list[int]]
+
+    def run(self, engine: TrainEngine) -> list[list[float]]:
+        return engine.compute_logprobs(self.sequences)
+
+
+@attrs.frozen
+class TrainStep:
+    trajs: list[Trajectory]
+    advantages: list[float]
+    prox_logprobs: list[list[float]] | None
+
+    def run(self, engine: TrainEngine) -> dict[str, float]:
+        return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs)
+
+
+@attrs.frozen
+class SaveHF:
+    path: str
+
+    def run(self, engine: TrainEngine) -> None:
+        engine.save_hf(self.path)
+
+
+@attrs.frozen
+class SaveCheckpoint:
+    path: str
+
+    def run(self, engine: TrainEngine) -> None:
+        engine.save_checkpoint(self.path)
+
+
+@attrs.frozen
+class LoadCheckpoint:
+    path: str
+
+    def run(self, engine: TrainEngine) -> int:
+        engine.load_checkpoint(self.path)
+        return engine.step
+
+
+@attrs.frozen
+class Shutdown:
+    """Release the process group and exit."""
+
+
+def serve(conn: Connection, rank: int) -> None:
+    """Answer commands until :class:`Shutdown` or EOF (the controller exited)."""
+    engine: TrainEngine | None = None
+    try:
+        while True:
+            try:
+                cmd = conn.recv()
+            except EOFError:
+                return
+            if isinstance(cmd, Shutdown):
+                conn.send(Reply(rank))
+                return
+            try:
+                if isinstance(cmd, Build):
+                    engine, value = cmd.build(), None
+                elif engine is None:
+                    raise RuntimeError(f"{type(cmd).__name__} arrived before Build; the controller must build first")
+                else:
+                    value = cmd.run(engine)
+                conn.send(Reply(rank, value if rank == 0 else None))
+            except Exception:
+                conn.send(Reply(rank, error=traceback.format_exc()))
+    finally:
+        if engine is not None:
+            engine.destroy()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--controller", required=True, help="HOST:PORT of the controller's listener")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("AREAL_NUM_THREADS", "1")))
+    os.environ.update(RANK=str(args.rank), WORLD_SIZE=str(args.world_size), LOCAL_RANK=str(args.rank))
+    host, _, port = args.controller.rpartition(":")
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    conn.send(Hello(args.rank))
+    try:
+        serve(conn, args.rank)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    # Re-import so pickled commands and replies name ``areal_core.train.worker``, not ``__main__``.
+    from areal_core.train.worker import main as _main
+
+    _main()

@@ -1,0 +1,173 @@
+"""Train-step throughput, side by side in one run (CPU, world size 1, real gloo group).
+
+(a) the framework's ``TrainEngine.ppo_update`` (FSDP2, packed micro-batches, chunked log-probs,
+    stats) vs a bare PyTorch loop (plain HF model, the same packed micro-batches, full-vocab
+    log-softmax, the same GRPO loss and AdamW) on the same data, same number of optimizer steps;
+(b) packed vs padded micro-batches on long-tail lengths, both as bare loops with the same token
+    budget per micro-batch, plus the framework on the same data.
+
+Steps of the contenders are interleaved so machine load drifts hit both alike.
+
+    python bench/train_step.py [--steps 4] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from areal_core.algorithm import Algorithm, LossInput
+from areal_core.config import Config, TinyModelSpec, load_config
+from areal_core.platform import CpuPlatform
+from areal_core.plugins import load_plugins
+from areal_core.tiny_model import ensure_tiny_model
+from areal_core.train.engine import TrainEngine
+from areal_core.train.packing import first_fit_decreasing
+from areal_core.trajectory import Trajectory
+
+SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                     intermediate_size=768, max_position_embeddings=1024)
+CORPUS = ["0123456789+-*/=()? abcdefghijklmnopqrstuvwxyz"]
+MAX_TOKENS = 1024
+
+
+def make_trajs(lengths: list[int], vocab: int, seed: int) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        prompt = min(n - 1, rng.randint(4, 16))
+        out.append(Trajectory(
+            uid=str(i), prompt_id=str(i // 4), input_ids=[rng.randrange(2, vocab) for _ in range(n)],
+            loss_mask=[0] * prompt + [1] * (n - prompt), logprobs=[-3.0] * n,
+            versions=[-1] * prompt + [0] * (n - prompt), reward=float(i % 2)))
+    return out
+
+
+class BareLoop:
+    """What a user would write by hand: HF model, AdamW, the algorithm's loss, grad clipping."""
+
+    def __init__(self, config: Config, algorithm: Algorithm, padded: bool) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config, self.algorithm, self.padded = config, algorithm, padded
+        self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32).train()
+        opt = config.actor.optimizer
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                                           eps=opt.eps, weight_decay=opt.weight_decay)
+
+    def micro_batches(self, trajs: list[Trajectory]) -> list[list[int]]:
+        lengths = [len(t.input_ids) for t in trajs]
+        if not self.padded:
+            return first_fit_decreasing(lengths, MAX_TOKENS)
+        per_mb = max(1, round(MAX_TOKENS * len(lengths) / sum(lengths)))  # same mean token budget
+        return [list(range(i, min(i + per_mb, len(trajs)))) for i in range(0, len(trajs), per_mb)]
+
+    def logprobs(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Flat per-token log-probs (0 at each sequence start), sequences concatenated."""
+        if self.padded:
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+            logp = torch.cat([torch.zeros(len(seqs), 1), logp], 1)
+            return logp[mask.bool()]
+        ids = torch.tensor([tok for s in seqs for tok in s])
+        pos = torch.cat([torch.arange(len(s)) for s in seqs])
+        logits = self.model(input_ids=ids[None], position_ids=pos[None]).logits[0]
+        logp = logits[:-1].log_softmax(-1).gather(-1, ids[1:, None])[:, 0]
+        return torch.where(pos == 0, 0.0, torch.cat([torch.zeros(1), logp]))
+
+    def step(self, trajs: list[Trajectory], advantages: list[float]) -> None:
+        token_norm = float(sum(t.n_output_tokens for t in trajs))
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in self.micro_batches(trajs):
+            chosen = [trajs[i] for i in mb]
+            lens = torch.tensor([len(t.input_ids) for t in chosen])
+            logp = self.logprobs([t.input_ids for t in chosen])
+            loss, _ = self.algorithm.loss(logp, LossInput(
+                old_logprobs=torch.tensor([x for t in chosen for x in t.logprobs]),
+                prox_logprobs=None,
+                advantages=torch.repeat_interleave(torch.tensor([advantages[i] for i in mb]), lens),
+                loss_mask=torch.tensor([x for t in chosen for x in t.loss_mask], dtype=torch.bool),
+                seq_ids=torch.repeat_interleave(torch.arange(len(mb)), lens),
+                n_seqs=len(mb), token_normalizer=token_norm, seq_normalizer=float(len(trajs)),
+                max_new_tokens=self.config.gconfig.max_new_tokens))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.actor.optimizer.grad_clip)
+        self.optimizer.step()
+
+
+def race(contenders: dict[str, Callable[[], None]], steps: int, tokens: int) -> dict[str, float]:
+    """Tokens/s of each contender: one warm-up step each, then ``steps`` interleaved timed steps."""
+    elapsed = dict.fromkeys(contenders, 0.0)
+    for name, step in contenders.items():
+        step()
+    for _ in range(steps):
+        for name, step in contenders.items():
+            start = time.perf_counter()
+            step()
+            elapsed[name] += time.perf_counter() - start
+    return {name: tokens * steps / t for name, t in elapsed.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per contender")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = ensure_tiny_model(SPEC, CORPUS, tmp, seed=0)
+            config = load_config(None, [f"model.path={path}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
+                                        "total_train_steps=100"])
+            algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
+            engine = TrainEngine(config, CpuPlatform(), str(path), algorithm)
+            engine.initialize()
+            vocab = engine.model.lm.config.vocab_size
+            rng = random.Random(0)
+            n_params = sum(p.numel() for p in engine.model.parameters())
+
+            uniform = [rng.randint(48, 160) for _ in range(32)]
+            long_tail = [min(900, int(rng.lognormvariate(3.6, 0.9))) + 8 for _ in range(48)]
+            rows = []
+            for label, lengths, contenders in (
+                ("a", uniform, {"framework (packed)": None, "bare loop (packed)": BareLoop(config, algorithm, False)}),
+                ("b", long_tail, {"framework (packed)": None, "bare loop (packed)": BareLoop(config, algorithm, False),
+                                  "bare loop (padded)": BareLoop(config, algorithm, True)}),
+            ):
+                trajs = make_trajs(lengths, vocab, seed=1)
+                adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
+                steps = {name: (lambda: engine.ppo_update(trajs, adv)) if loop is None
+                         else (lambda loop=loop: loop.step(trajs, adv)) for name, loop in contenders.items()}
+                rows.append((label, lengths, race(steps, args.steps, sum(lengths))))
+    finally:
+        dist.destroy_process_group()
+
+    print(f"\nmodel: Qwen3 hidden={SPEC.hidden_size} layers={SPEC.num_layers} params={n_params / 1e6:.2f}M; "
+          f"threads={args.threads}; max_tokens_per_mb={MAX_TOKENS}; {args.steps} timed steps each\n")
+    print(f"{'case':<4} {'data':<34} {'contender':<20} {'tokens/s':>10}")
+    for label, lengths, speeds in rows:
+        data = f"{len(lengths)} seqs, len {min(lengths)}-{max(lengths)} (mean {sum(lengths) / len(lengths):.0f})"
+        for name, tps in speeds.items():
+            print(f"{label:<4} {data:<34} {name:<20} {tps:>10.0f}")
+    (_, _, a), (_, _, b) = rows
+    print(f"\n(a) framework / bare loop, same packed data:   {a['framework (packed)'] / a['bare loop (packed)']:.3f}  (goal >= 0.95)")
+    print(f"(b) packed / padded micro-batches, long tail:  {b['bare loop (packed)'] / b['bare loop (padded)']:.2f}x "
+          f"(framework packed / padded: {b['framework (packed)'] / b['bare loop (padded)']:.2f}x; goal >= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()

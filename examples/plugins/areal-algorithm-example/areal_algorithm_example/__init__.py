@@ -1,0 +1,11 @@
+"""areal-algorithm-example: registers the ``cispo`` algorithm (``actor.algorithm: cispo``).
+
+Only hook implementations live here; the class is named by path so discovery stays torch-free.
+"""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_algorithms(register):
+    register("cispo", "areal_algorithm_example.cispo:CISPO")

@@ -1,0 +1,8 @@
+"""areal-reshard-disk: registers the ``disk`` weight updater (``actor.weight_update: disk``)."""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_weight_updaters(register):
+    register("disk", "areal_reshard_disk.updater:DiskWeightUpdater")

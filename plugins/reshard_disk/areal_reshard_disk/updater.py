@@ -1,0 +1,91 @@
+"""The ``disk`` weight path: the trainer writes HF safetensors, every server loads them.
+
+``update(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
+servers refuse to load), fsyncs every file and directory, renames it to ``weights/v{v}``, asks
+each server to load it, then prunes older versions. A crash at any point leaves either no
+``v{v}`` or a complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from areal_core.weights import WeightUpdater
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.engine import InferenceEngine
+    from areal_core.platform import Platform
+    from areal_core.train.controller import TrainController
+
+_TMP_PREFIX = ".tmp-v"
+_VERSION_DIR = re.compile(r"v\d+")
+
+
+class DiskWeightUpdater(WeightUpdater):
+    """Publishes weights through ``{run_dir}/weights/v{version}``; keeps only the newest."""
+
+    name = "disk"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.weights_dir = Path(config.run_dir).resolve() / "weights"
+        self._trainer: TrainController | None = None
+        self._engine: InferenceEngine | None = None
+
+    def connect(self, trainer: TrainController, engine: InferenceEngine) -> None:
+        self._trainer, self._engine = trainer, engine
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.weights_dir.glob(f"{_TMP_PREFIX}*"):  # left by a crashed writer
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def version_dir(self, version: int) -> Path:
+        return self.weights_dir / f"v{version}"
+
+    def update(self, version: int) -> None:
+        if self._trainer is None or self._engine is None:
+            raise RuntimeError("DiskWeightUpdater.update() before connect(trainer, engine)")
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{version}-", dir=self.weights_dir))
+        try:
+            self._trainer.save_hf(str(tmp))
+            _fsync_tree(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        final = self.version_dir(version)
+        if final.exists():  # re-publishing a version (e.g. after recovery): replace it whole
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.weights_dir)
+        self._engine.load_weights_from_disk(str(final), version)
+        self._prune(keep=final)
+
+    def _prune(self, keep: Path) -> None:
+        for old in self.weights_dir.iterdir():
+            if old != keep and old.is_dir() and _VERSION_DIR.fullmatch(old.name):
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under ``root`` (and ``root``) to stable storage."""
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            fd = os.open(os.path.join(dirpath, filename), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

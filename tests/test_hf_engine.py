@@ -1,0 +1,435 @@
+"""The hf engine: real server processes on 127.0.0.1 checked against transformers itself.
+
+The test model is the tiny Qwen3 with its weights perturbed (so greedy outputs vary instead of
+repeating one token) and without an end-of-sequence id (so lengths are deterministic). One
+server is shared per module; tests that change its weights restore version 0 afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
+from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
+from areal_core.errors import ArealError
+from areal_core.hf_engine.bucket import flatten_bucket, unflatten_bucket
+from areal_core.hf_engine.client import HFEngine, _Router
+from areal_core.hf_engine.generator import sample
+from areal_core.platform import CpuPlatform
+from areal_core.scheduler.local import LocalScheduler
+from areal_core.tiny_model import ensure_tiny_model
+from areal_core.weights import WeightUpdateMeta
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9], [20, 3], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9]]
+LOGPROB_ATOL = 1e-4  # fp32 server vs fp32 recomputation; batching changes summation order only
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_model(directory: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def perturbed_model(base: Path, seed: int, scale: float = 0.3) -> Any:
+    """The model at ``base`` with N(0, scale) noise on every parameter and no end-of-sequence id."""
+    model = load_model(base)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale)
+    model.config.eos_token_id = None
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+def make_config(run_root: Path, model_dir: Path, servers: int = 1) -> Config:
+    return Config(
+        fileroot=str(run_root),
+        model=ModelConfig(path=str(model_dir)),
+        rollout=RolloutConfig(servers=servers, server_startup_timeout=120, request_timeout=60),
+    )
+
+
+class LoopThread:
+    """An asyncio loop in a background thread, like the rollout controller's."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def generate_all(engine: HFEngine, requests: list[GenerationRequest]) -> list[GenerationResponse]:
+    async def run() -> list[GenerationResponse]:
+        return await asyncio.gather(*(engine.agenerate(r) for r in requests))
+
+    return asyncio.run(run())
+
+
+def greedy_request(prompt: list[int], n: int, **kw: Any) -> GenerationRequest:
+    return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True, **kw))
+
+
+def raw_post(address: str, endpoint: str, body: dict, token: str | None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"http://{address}{endpoint}", json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+    """Poll until ``predicate()``; a deadline only guards against hanging, it asserts no timing."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@attrs.frozen
+class Served:
+    engine: HFEngine
+    model: Any  # the reference model with the servers' version-0 weights
+    v0_dir: Path  # those weights inside the run dir (so a server may reload them)
+    run_dir: Path
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(TinyModelSpec(), ["abcdefghij0123456789+-= "], tmp_path_factory.mktemp("models"), seed=0)
+
+
+def _serve(root: Path, base: Path, servers: int) -> Iterator[Served]:
+    model = perturbed_model(base, seed=0)
+    config = make_config(root / "runs", Path(), servers)
+    # the v0 weights live inside the run dir, so tests may reload them (a server-allowed path)
+    v0_dir = config.run_dir / "weights" / "v0"
+    model.save_pretrained(v0_dir)
+    config = attrs.evolve(config, model=ModelConfig(path=str(v0_dir)))
+    scheduler = LocalScheduler(CpuPlatform())
+    try:
+        engine = HFEngine(config, CpuPlatform())
+        engine.launch_servers(scheduler)
+        yield Served(engine, model, v0_dir, config.run_dir)
+    finally:
+        scheduler.stop_all()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iterator[Served]:
+    yield from _serve(tmp_path_factory.mktemp("one"), base_model, servers=1)
+
+
+@pytest.fixture(scope="module")
+def served_two(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iterator[Served]:
+    yield from _serve(tmp_path_factory.mktemp("two"), base_model, servers=2)
+
+
+@pytest.fixture
+def restore_v0(served: Served) -> Iterator[None]:
+    yield
+    served.engine.resume()
+    served.engine.load_weights_from_disk(str(served.v0_dir), 0)
+
+
+# --------------------------------------------------------------------------- pure logic
+
+
+@settings(max_examples=30, deadline=None)
+@given(ids=st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=40), servers=st.integers(1, 4))
+def test_router_pins_ids_and_balances_new_ones(ids: list[str], servers: int) -> None:
+    router = _Router(servers)
+    first: dict[str, int] = {}
+    for rid in ids:
+        server = router.acquire(rid)
+        assert first.setdefault(rid, server) == server
+    fresh, loads = _Router(servers), [0] * servers
+    for i in range(servers * 3):  # distinct ids, all in flight: spread evenly
+        loads[fresh.acquire(f"id{i}")] += 1
+    assert loads == [3] * servers
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    parts=st.lists(
+        st.tuples(
+            st.sampled_from(["float32", "bfloat16", "float16", "int64"]), st.lists(st.integers(1, 4), max_size=3)
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_bucket_round_trip(parts: list[tuple[str, list[int]]]) -> None:
+    tensors = [(torch.randn(shape) * 100).to(getattr(torch, dtype)) for dtype, shape in parts]
+    flat = flatten_bucket(tensors)
+    assert flat.dtype == torch.uint8
+    back = unflatten_bucket(flat, [d for d, _ in parts], [s for _, s in parts])
+    for original, restored in zip(tensors, back):
+        assert restored.dtype == original.dtype and torch.equal(restored, original)
+
+
+def test_sample_greedy_top_p_and_logprobs() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.5, 0.1, 4.0, 0.2], [2.0, 1.0, 0.0, 5.0]])
+    temperature = torch.tensor([1.0, 0.5, 2.0])
+    gen = torch.Generator().manual_seed(0)
+    tiny_top_p = torch.tensor([1e-6, 1e-6, 1e-6])  # keeps only the most likely token
+    for greedy in (torch.tensor([True, True, True]), torch.tensor([False, False, False])):
+        tokens, logprobs = sample(logits, temperature, tiny_top_p, greedy, gen)
+        assert tokens.tolist() == [1, 2, 3]
+        expected = torch.log_softmax(logits / temperature[:, None], -1).gather(-1, tokens[:, None]).squeeze(-1)
+        torch.testing.assert_close(logprobs, expected)
+    n = 2000  # draws per row, taken as one batch of n copies
+    no_greedy = torch.zeros(3 * n, dtype=torch.bool)
+    draws, _ = sample(logits.repeat(n, 1), temperature.repeat(n), torch.ones(3 * n), no_greedy, gen)
+    for row in range(3):  # top_p=1 samples the temperature-scaled distribution
+        freq = torch.bincount(draws[row::3], minlength=4) / n
+        torch.testing.assert_close(freq, torch.softmax(logits[row] / temperature[row], -1), atol=0.04, rtol=0)
+    nucleus, _ = sample(logits[:1].repeat(n, 1), torch.ones(n), torch.full((n,), 0.7), no_greedy[:n], gen)
+    assert set(nucleus.tolist()) == {1, 2}  # p = .64, .24 | .09, .03: the 0.7 nucleus is {1, 2}
+
+
+# --------------------------------------------------------------------------- one server
+
+
+@pytest.mark.slow
+def test_sampled_logprobs_match_a_transformers_forward(served: Served) -> None:
+    temperature = 0.7
+    requests = [
+        GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=24, temperature=temperature, top_p=0.9))
+        for p in PROMPTS
+    ]
+    for req, resp in zip(requests, generate_all(served.engine, requests)):
+        assert resp.stop_reason == "length" and len(resp.output_ids) == 24
+        assert resp.versions == [0] * 24 and resp.input_ids == req.input_ids
+        ids = torch.tensor([req.input_ids + resp.output_ids])
+        with torch.no_grad():
+            logits = served.model(input_ids=ids).logits[0, len(req.input_ids) - 1 : -1].float()
+        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(resp.output_ids)[:, None])
+        torch.testing.assert_close(torch.tensor(resp.logprobs), expected.squeeze(-1), atol=LOGPROB_ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_greedy_equals_transformers_generate(served: Served) -> None:
+    responses = generate_all(served.engine, [greedy_request(p, 32) for p in PROMPTS[:3]])
+    for prompt, resp in zip(PROMPTS, responses):
+        assert resp.output_ids == hf_greedy(served.model, prompt, 32)
+
+
+@pytest.mark.slow
+def test_stop_token_ends_generation_and_is_kept(served: Served) -> None:
+    reference = hf_greedy(served.model, PROMPTS[1], 32)
+    stop = reference[10]
+    cut = reference.index(stop) + 1
+    (resp,) = generate_all(served.engine, [greedy_request(PROMPTS[1], 32, stop_token_ids=(stop,))])
+    assert resp.stop_reason == "stop" and resp.output_ids == reference[:cut]
+
+
+@pytest.mark.slow
+def test_one_batch_of_concurrent_requests_equals_one_at_a_time(served: Served) -> None:
+    engine, (address,) = served.engine, served.engine.addresses
+    requests = [greedy_request(p, 20) for p in PROMPTS]
+    alone = [generate_all(engine, [r])[0].output_ids for r in requests]
+    # hold the server so every request is queued, then release them into one wave
+    assert raw_post(address, "/abort_all", {}, engine.token)[0] == 200
+    loop = LoopThread()
+    try:
+        futures = [loop.submit(engine.agenerate(r)) for r in requests]
+        wait_for(lambda: engine.server_health()[0].queued == len(requests), "all requests queued")
+        assert raw_post(address, "/continue", {}, engine.token)[0] == 200
+        together = [f.result(timeout=60).output_ids for f in futures]
+    finally:
+        raw_post(address, "/continue", {}, engine.token)
+        loop.close()
+    assert together == alone
+
+
+@pytest.mark.slow
+def test_requests_arriving_mid_wave_join_it_and_outputs_stay_exact(served: Served) -> None:
+    engine, long_n, short_n = served.engine, 300, 8
+    loop = LoopThread()
+    try:
+        long = loop.submit(engine.agenerate(greedy_request(PROMPTS[2], long_n)))
+        wait_for(lambda: engine.server_health()[0].running == 1, "the long request to start decoding")
+        short = [loop.submit(engine.agenerate(greedy_request(p, short_n))) for p in PROMPTS[:2]]
+        short_out = [f.result(timeout=60).output_ids for f in short]
+        # 300 decode steps leave a wide margin for the short ones to arrive while the long one runs
+        assert not long.done()  # they joined its wave instead of waiting for it to finish
+        long_out = long.result(timeout=60).output_ids
+    finally:
+        loop.close()
+    assert short_out == [hf_greedy(served.model, p, short_n) for p in PROMPTS[:2]]
+    assert long_out == hf_greedy(served.model, PROMPTS[2], long_n)  # exact across the re-prefill
+
+
+@pytest.mark.slow
+def test_pause_mid_generation_then_new_weights_gives_two_versions(served: Served, restore_v0: None) -> None:
+    engine, n = served.engine, 300
+    new_model = perturbed_model(served.v0_dir, seed=1, scale=0.1)
+    v1_dir = served.run_dir / "weights" / "v1"
+    new_model.save_pretrained(v1_dir)
+    loop = LoopThread()
+    try:
+        future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
+        wait_for(lambda: engine.server_health()[0].running == 1, "the request to start decoding")
+        engine.pause()
+        assert not future.done()  # held by the client while paused
+        engine.load_weights_from_disk(str(v1_dir), 1)
+        engine.resume()
+        resp = future.result(timeout=60)
+    finally:
+        loop.close()
+    switch = resp.versions.index(1)
+    assert 0 < switch < n and resp.versions == [0] * switch + [1] * (n - switch)
+    assert resp.stop_reason == "length" and len(resp.output_ids) == len(resp.logprobs) == n
+    assert resp.output_ids[:switch] == hf_greedy(served.model, PROMPTS[0], switch)
+    partial = PROMPTS[0] + resp.output_ids[:switch]
+    assert resp.output_ids[switch:] == hf_greedy(new_model, partial, n - switch)
+
+
+@pytest.mark.slow
+def test_mutating_endpoints_need_the_token(served: Served) -> None:
+    (address,) = served.engine.addresses
+    body = {"rid": "x", "input_ids": [3], "max_new_tokens": 2}
+    for token in (None, "wrong"):
+        calls = [("/generate", body), ("/abort_all", {}), ("/load_weights", {"path": "/", "version": 1})]
+        for endpoint, payload in calls:
+            status, reply = raw_post(address, endpoint, payload, token)
+            assert status == 401 and "token" in reply["error"]
+    assert served.engine.health() == [True]  # /health is open
+    assert raw_post(address, "/generate", body, served.engine.token)[0] == 200
+
+
+@pytest.mark.slow
+def test_load_refuses_paths_outside_the_run_dir(served: Served, tmp_path: Path) -> None:
+    served.model.save_pretrained(tmp_path / "outside")
+    with pytest.raises(ArealError, match="outside the server's --allowed-root"):
+        served.engine.load_weights_from_disk(str(tmp_path / "outside"), 3)
+    with pytest.raises(ArealError, match="starts with '.'"):
+        served.engine.load_weights_from_disk(str(served.run_dir / "weights" / ".tmp-v3"), 3)
+    assert served.engine.server_health()[0].version == 0
+
+
+@pytest.mark.slow
+def test_collective_receive_from_a_gloo_rank0(served: Served, restore_v0: None) -> None:
+    import socket
+
+    import torch.distributed as dist
+
+    engine = served.engine
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    meta = WeightUpdateMeta(version=7, master_port=port, world_size=2, group_name="test_weights")
+    timeout = datetime.timedelta(seconds=60)
+    joined = _in_thread(engine.init_weight_group, meta)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timeout)
+    group = dist.ProcessGroupGloo(dist.PrefixStore(meta.group_name, store), 0, 2, timeout)
+    joined.result(timeout=60)
+
+    new_model = perturbed_model(served.v0_dir, seed=2, scale=0.2)
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
+    params = dict(new_model.named_parameters())
+    tensors = [params[names[0]].detach(), params[names[1]].detach().to(torch.bfloat16), params[names[2]].detach()]
+    bucket = attrs.evolve(
+        meta,
+        names=tuple(names),
+        dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
+        shapes=tuple(tuple(t.shape) for t in tensors),
+    )
+    received = _in_thread(engine.receive_weights, bucket)
+    group.broadcast(flatten_bucket(tensors), 0).wait()
+    received.result(timeout=60)
+    engine.set_version(7)
+
+    expected = load_model(served.v0_dir)  # the servers' v0 weights ...
+    with torch.no_grad():  # ... with the three received tensors (bf16 one cast back to fp32)
+        for name, tensor in zip(names, tensors):
+            dict(expected.named_parameters())[name].copy_(tensor)
+    (resp,) = generate_all(engine, [greedy_request(PROMPTS[3], 24)])
+    assert resp.versions == [7] * 24
+    assert resp.output_ids == hf_greedy(expected, PROMPTS[3], 24)
+    assert resp.output_ids != hf_greedy(served.model, PROMPTS[3], 24)
+    del group, store
+
+
+def _in_thread(fn, *args: Any) -> Future:
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test via the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+# --------------------------------------------------------------------------- two servers, start-up
+
+
+@pytest.mark.slow
+def test_two_servers_pin_request_ids(served_two: Served) -> None:
+    engine = served_two.engine
+    before = [h.served for h in engine.server_health()]
+    short = SamplingParams(max_new_tokens=2)
+    for rid in ("a", "b"):  # sequential new ids alternate between the servers
+        generate_all(engine, [GenerationRequest(input_ids=[3], sampling=short, request_id=rid)])
+    middle = [h.served for h in engine.server_health()]
+    assert [m - b for m, b in zip(middle, before)] == [1, 1]
+    for _ in range(3):  # the same id goes back to its server
+        generate_all(engine, [GenerationRequest(input_ids=[3], sampling=short, request_id="a")])
+    after = [h.served for h in engine.server_health()]
+    assert sorted(a - m for a, m in zip(after, middle)) == [0, 3]
+    outputs = generate_all(engine, [greedy_request(p, 16) for p in PROMPTS])  # both servers, same weights
+    assert [r.output_ids for r in outputs] == [hf_greedy(served_two.model, p, 16) for p in PROMPTS]
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_at_start_up_reports_its_log(tmp_path: Path) -> None:
+    (tmp_path / "empty_model").mkdir()
+    config = make_config(tmp_path / "runs", tmp_path / "empty_model")
+    with LocalScheduler(CpuPlatform()) as scheduler:
+        with pytest.raises(ArealError, match=r"exited with code \d+ during start-up(.|\n)*log tail"):
+            HFEngine(config, CpuPlatform()).launch_servers(scheduler)
