@@ -30,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None  # same seed -> same samples, whatever the batching or interruptions
 
 
 @attrs.frozen(kw_only=True)

@@ -23,9 +23,12 @@ from areal_core.config import Config, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore
 from areal_core.resolve import resolve_config
+from areal_core.rollout.controller import RolloutController
 from areal_core.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
+
+LIVENESS_POLL_S = 5.0  # while waiting for rollouts, check this often that no process has died
 
 
 @attrs.frozen(kw_only=True)
@@ -62,7 +65,7 @@ def _mean(values: list[float]) -> float:
 
 def order_batch(batch: list[Trajectory]) -> list[Trajectory]:
     """Groups in prompt order, samples in sampling order: the same rollouts give the same update."""
-    return sorted(batch, key=lambda t: (t.prompt_id, t.info.get("sample_index", 0)))
+    return sorted(batch, key=lambda t: (t.prompt_id, t.info.get("epoch", 0), t.info.get("sample_index", 0)))
 
 
 class Trainer:
@@ -107,7 +110,7 @@ class Trainer:
 
 
 class _Planes:
-    """Starts servers, training workers, the weight path, reward runner and rollout controller."""
+    """Starts servers, training workers, the weight path and the reward runner (stopped on exit)."""
 
     def __init__(self, config: Config, plugins: Plugins, platform: Any) -> None:
         self.config, self.plugins, self.platform = config, plugins, platform
@@ -115,7 +118,6 @@ class _Planes:
     def __enter__(self) -> _Planes:
         from transformers import AutoTokenizer
 
-        from areal_core.rollout.controller import RolloutController
         from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler.local import LocalScheduler
         from areal_core.train.controller import TrainController
@@ -139,7 +141,6 @@ class _Planes:
                 RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout)
             )
             self.algorithm = self.plugins.get("algorithm", config.actor.algorithm)(config.actor)
-            self.rollout = RolloutController.from_config(self.engine, config)
         except BaseException:
             self._stack.close()
             raise
@@ -166,7 +167,7 @@ class _Loop:
         self.config, self.planes = config, planes
         self.loader = PromptLoader(train_items, shuffle=config.train_dataset.shuffle, seed=config.seed)
         self.valid_items = valid_items
-        self.workflow = RLVRWorkflow(planes.tokenizer, config.gconfig, planes.rewards)
+        self.workflow = RLVRWorkflow(planes.tokenizer, config.gconfig, planes.rewards, seed=config.seed)
         self.eval_workflow = RLVRWorkflow(
             planes.tokenizer, attrs.evolve(config.gconfig, n_samples=1), planes.rewards, greedy=True
         )
@@ -175,17 +176,21 @@ class _Loop:
 
     # ------------------------------------------------------------------ helpers
     def _restore(self) -> int:
-        """Resume from the last recover point when ``recover.mode=auto``; returns the start step."""
-        if self.config.recover.mode != "auto":
-            return 0
-        info = self.recover.latest()
+        """Resume from the last recover point when ``recover.mode=auto``; returns the start step.
+
+        Restores the trainer's checkpoint, the loader position and the servers' weights, and
+        re-queues the items that were in flight when the recover point was written.
+        """
+        info = self.recover.latest() if self.config.recover.mode == "auto" else None
+        self.rollout = RolloutController.from_config(self.planes.engine, self.config, version=info.version if info else 0)
         if info is None:
             return 0
         self.planes.trainer.load_checkpoint(str(info.checkpoint))
         self.loader.load_state_dict(info.loader_state)
-        for item in info.in_flight:  # taken from the loader but not trained on before the stop
-            self.planes.rollout.submit(item, self.workflow)
-        logger.warning("recovered from step %d (version %d)", info.step, info.version)
+        self.planes.updater.update(info.version)
+        for item in info.in_flight:
+            self.rollout.submit(item, self.workflow)
+        logger.warning("recovered from step %d (weight version %d)", info.step, info.version)
         return info.step
 
     def _evaluate(self) -> float:
@@ -199,7 +204,17 @@ class _Loop:
         async def all_items() -> list[float]:
             return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
 
-        return _mean(self.planes.rollout.run(all_items()))
+        return _mean(self.rollout.run(all_items()))
+
+    def _next_batch(self) -> list[Trajectory]:
+        """``prepare_batch``, checking between waits that every server and worker is still up."""
+        while True:
+            try:
+                return self.rollout.prepare_batch(
+                    self.loader, self.workflow, self.config.train_dataset.batch_size, timeout=LIVENESS_POLL_S
+                )
+            except TimeoutError:
+                self.planes.scheduler.check_alive()
 
     def _train_on(self, batch: list[Trajectory]) -> dict[str, float]:
         import torch
@@ -222,7 +237,7 @@ class _Loop:
         return stats
 
     def _update_weights(self, version: int) -> float:
-        rollout = self.planes.rollout
+        rollout = self.rollout
         start = time.perf_counter()
         rollout.pause()
         try:
@@ -241,7 +256,7 @@ class _Loop:
                 step=step,
                 version=step,
                 loader_state=self.loader.state_dict(),
-                in_flight=self.planes.rollout.in_flight(),
+                in_flight=self.rollout.in_flight(),
                 checkpoint=Path(),
             ),
             write_checkpoint,
@@ -254,10 +269,8 @@ class _Loop:
         config, planes = self.config, self.planes
         start_step = self._restore()
         version = start_step
-        if start_step:
-            planes.updater.update(version)  # servers start from the initial weights
-        planes.rollout.set_version(version)
-        planes.rollout.start()
+        rollout = self.rollout
+        rollout.start()
         stats_log = StatsLogger(self.run_dir, tensorboard=config.stats.tensorboard, resume_step=start_step)
         t0 = time.perf_counter()
         samples = tokens = 0
@@ -267,10 +280,8 @@ class _Loop:
             with progress:
                 for step in range(start_step + 1, config.total_train_steps + 1):
                     step_start = time.perf_counter()
-                    batch = order_batch(
-                        planes.rollout.prepare_batch(self.loader, self.workflow, config.train_dataset.batch_size)
-                    )
-                    rollout_stats = planes.rollout.stats
+                    batch = order_batch(self._next_batch())
+                    rollout_stats = rollout.stats
                     stats = self._train_on(batch)
                     version += 1
                     stats["time/weight_update_s"] = self._update_weights(version)
@@ -301,7 +312,7 @@ class _Loop:
             final = self._save_hf("final")
         finally:
             stats_log.close()
-            planes.rollout.stop()
+            rollout.stop()
         history = stats_log.history
         plot_reward_curve(history, self.run_dir / "reward_curve.png", f"{config.experiment_name}/{config.trial_name}")
         rewards = [row["reward/mean"] for row in history]

@@ -75,13 +75,14 @@ class BareLoop:
             width = max(map(len, seqs))
             ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
             logp = torch.cat([torch.zeros(len(seqs), 1), logp], 1)
             return logp[mask.bool()]
         ids = torch.tensor([tok for s in seqs for tok in s])
         pos = torch.cat([torch.arange(len(s)) for s in seqs])
-        logits = self.model(input_ids=ids[None], position_ids=pos[None]).logits[0]
+        # use_cache=False: only then does transformers build the block-diagonal (packed) mask
+        logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0]
         logp = logits[:-1].log_softmax(-1).gather(-1, ids[1:, None])[:, 0]
         return torch.where(pos == 0, 0.0, torch.cat([torch.zeros(1), logp]))
 

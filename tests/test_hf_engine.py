@@ -215,17 +215,17 @@ def test_sample_greedy_top_p_and_logprobs() -> None:
     gen = torch.Generator().manual_seed(0)
     tiny_top_p = torch.tensor([1e-6, 1e-6, 1e-6])  # keeps only the most likely token
     for greedy in (torch.tensor([True, True, True]), torch.tensor([False, False, False])):
-        tokens, logprobs = sample(logits, temperature, tiny_top_p, greedy, gen)
+        tokens, logprobs = sample(logits, temperature, tiny_top_p, greedy, torch.rand(3, generator=gen))
         assert tokens.tolist() == [1, 2, 3]
         expected = torch.log_softmax(logits / temperature[:, None], -1).gather(-1, tokens[:, None]).squeeze(-1)
         torch.testing.assert_close(logprobs, expected)
     n = 2000  # draws per row, taken as one batch of n copies
     no_greedy = torch.zeros(3 * n, dtype=torch.bool)
-    draws, _ = sample(logits.repeat(n, 1), temperature.repeat(n), torch.ones(3 * n), no_greedy, gen)
+    draws, _ = sample(logits.repeat(n, 1), temperature.repeat(n), torch.ones(3 * n), no_greedy, torch.rand(3 * n, generator=gen))
     for row in range(3):  # top_p=1 samples the temperature-scaled distribution
         freq = torch.bincount(draws[row::3], minlength=4) / n
         torch.testing.assert_close(freq, torch.softmax(logits[row] / temperature[row], -1), atol=0.04, rtol=0)
-    nucleus, _ = sample(logits[:1].repeat(n, 1), torch.ones(n), torch.full((n,), 0.7), no_greedy[:n], gen)
+    nucleus, _ = sample(logits[:1].repeat(n, 1), torch.ones(n), torch.full((n,), 0.7), no_greedy[:n], torch.rand(n, generator=gen))
     assert set(nucleus.tolist()) == {1, 2}  # p = .64, .24 | .09, .03: the 0.7 nucleus is {1, 2}
 
 

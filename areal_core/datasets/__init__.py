@@ -43,8 +43,9 @@ def dataset_options(config: DatasetConfig, split: str, defaults: dict[str, Any])
 
 
 def reward_data(item: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments a reward gets for ``item``: every field except ``id`` and ``prompt``."""
-    return {k: v for k, v in item.items() if k not in ("id", "prompt")}
+    """The keyword arguments a reward gets for ``item``: every field except ``id``, ``prompt`` and
+    the framework's own ``_``-prefixed tags."""
+    return {k: v for k, v in item.items() if k not in ("id", "prompt") and not k.startswith("_")}
 
 
 def corpus(items: list[dict[str, Any]]) -> list[str]:

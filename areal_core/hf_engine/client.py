@@ -202,6 +202,7 @@ class HFEngine(InferenceEngine):
                         top_p=params.top_p,
                         greedy=params.greedy,
                         stop_token_ids=list(params.stop_token_ids),
+                        seed=params.seed,
                     )
                     result = await self._agenerate_once(session, self.addresses[server], body)
                     output_ids += result.output_ids

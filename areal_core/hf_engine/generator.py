@@ -49,9 +49,10 @@ class _Seq:
 
 
 def sample(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor, gen: torch.Generator
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row sampling; returns tokens and their log-probs under log_softmax(logits / temperature).
+    """Per-row sampling by inverse CDF with one uniform draw per row; returns tokens and their
+    log-probs under log_softmax(logits / temperature).
 
     The log-prob is of the full temperature-scaled distribution (what the trainer recomputes),
     not of the top-p-truncated one.
@@ -59,10 +60,27 @@ def sample(
     logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
     sorted_p, order = logp.exp().sort(dim=-1, descending=True)
     outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]  # mass before it already >= top_p
-    choice = torch.multinomial(sorted_p.masked_fill(outside, 0.0), 1, generator=gen)
+    cdf = sorted_p.masked_fill(outside, 0.0).cumsum(-1)
+    target = (uniforms * cdf[:, -1])[:, None].contiguous()
+    choice = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
     sampled = order.gather(-1, choice).squeeze(-1)
     tokens = torch.where(greedy, logits.argmax(-1), sampled)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
+
+
+def row_uniforms(seqs: list[_Seq], gen: torch.Generator) -> torch.Tensor:
+    """One uniform per row: a request with a seed draws from (seed, token position) alone, so its
+    samples do not depend on batching, interruptions or other requests; others use ``gen``."""
+    draws = torch.rand(len(seqs), generator=gen)
+    for row, seq in enumerate(seqs):
+        if seq.body.seed is not None:
+            position = len(seq.body.input_ids) + len(seq.output_ids)
+            row_gen = torch.Generator().manual_seed((seq.body.seed + position * _GOLDEN) % 2**63)
+            draws[row] = torch.rand(1, generator=row_gen)[0]
+    return draws
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -78,6 +96,7 @@ class _Batch:
 
         self.model = model
         self.gen = gen
+        self.seqs = list(seqs)
         self.temperature = torch.tensor([seq.body.temperature for seq in seqs], dtype=torch.float32)
         self.top_p = torch.tensor([seq.body.top_p for seq in seqs], dtype=torch.float32)
         self.greedy = torch.tensor([seq.body.greedy for seq in seqs], dtype=torch.bool)
@@ -106,6 +125,7 @@ class _Batch:
         self.cache.batch_select_indices(index)
         for name in ("temperature", "top_p", "greedy", "mask", "positions"):
             setattr(self, name, getattr(self, name)[index])
+        self.seqs = [self.seqs[row] for row in rows]
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(
@@ -116,7 +136,7 @@ class _Batch:
             use_cache=True,
             logits_to_keep=1,
         )
-        return sample(out.logits[:, -1, :], self.temperature, self.top_p, self.greedy, self.gen)
+        return sample(out.logits[:, -1, :], self.temperature, self.top_p, self.greedy, row_uniforms(self.seqs, self.gen))
 
 
 class Generator:

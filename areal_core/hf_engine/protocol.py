@@ -23,6 +23,7 @@ class GenerateBody:
     top_p: float = 1.0
     greedy: bool = False
     stop_token_ids: list[int] = attrs.Factory(list)
+    seed: int | None = None  # makes sampling a function of (seed, token position) alone
 
 
 @attrs.frozen(kw_only=True)

@@ -1,6 +1,7 @@
 """Prompt loader: an endless, epoch-aware iterator over dataset items, seedable and resumable.
 
-Each epoch visits every item exactly once, in an order fixed by ``(seed, epoch)``, so a loader
+Each epoch visits every item exactly once, in an order fixed by ``(seed, epoch)``; items come
+out as copies tagged with their epoch (``"_epoch"``). A loader
 restored from :meth:`PromptLoader.state_dict` continues with exactly the items it had not yet
 handed out.
 """
@@ -11,6 +12,9 @@ import random
 from typing import Any, Iterator
 
 import attrs
+
+#: Added to every item handed out: which pass over the data it belongs to (seeds sampling).
+EPOCH_KEY = "_epoch"
 
 
 @attrs.frozen
@@ -47,7 +51,7 @@ class PromptLoader(Iterator[dict[str, Any]]):
             self._order = self._epoch_order(self.epoch)
         item = self.items[self._order[self.index]]
         self.index += 1
-        return item
+        return {**item, EPOCH_KEY: self.epoch}
 
     def state_dict(self) -> dict[str, int]:
         return attrs.asdict(LoaderState(self.epoch, self.index, self.seed))

@@ -6,6 +6,7 @@ episode: a group of trajectories sharing ``prompt_id``; ``None`` rejects the epi
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any, Protocol
 
@@ -61,6 +62,12 @@ def stop_at_strings(tokenizer: Any, output_ids: list[int], stop: list[str]) -> i
         if any(s in partial for s in stop):
             return n
     return len(output_ids)
+
+
+def request_seed(*parts: object) -> int:
+    """A stable 63-bit sampling seed from any printable parts (same parts -> same seed)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @attrs.define

@@ -1,5 +1,5 @@
 """Schedulers start compute-plane processes (inference servers, training workers)."""
 
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
+from areal_core.scheduler.base import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
 
-__all__ = ["ProcessHandle", "ProcessSpec", "Scheduler"]
+__all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler"]

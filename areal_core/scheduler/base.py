@@ -6,6 +6,8 @@ import abc
 
 import attrs
 
+from areal_core.errors import ArealError
+
 
 @attrs.frozen(kw_only=True)
 class ProcessSpec:
@@ -17,8 +19,13 @@ class ProcessSpec:
     log_file: str | None = None  # stdout+stderr go here when set
 
 
+class ProcessDiedError(ArealError):
+    """A compute-plane process exited while the run still needed it."""
+
+
 class ProcessHandle(abc.ABC):
     name: str
+    log_file: str | None = None
 
     @abc.abstractmethod
     def alive(self) -> bool: ...
@@ -34,6 +41,19 @@ class ProcessHandle(abc.ABC):
 class Scheduler(abc.ABC):
     @abc.abstractmethod
     def start(self, spec: ProcessSpec) -> ProcessHandle: ...
+
+    @property
+    @abc.abstractmethod
+    def handles(self) -> list[ProcessHandle]:
+        """Every process started so far."""
+
+    def check_alive(self) -> None:
+        """Raise :class:`ProcessDiedError` naming the first started process that has exited."""
+        for handle in self.handles:
+            code = handle.returncode()
+            if code is not None:
+                where = f"; see {handle.log_file}" if handle.log_file else ""
+                raise ProcessDiedError(f"{handle.name} exited with code {code}{where}")
 
     @abc.abstractmethod
     def stop_all(self) -> None:

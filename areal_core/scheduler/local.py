@@ -17,9 +17,10 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "A
 
 
 class LocalProcess(ProcessHandle):
-    def __init__(self, name: str, popen: subprocess.Popen) -> None:
+    def __init__(self, name: str, popen: subprocess.Popen, log_file: str | None) -> None:
         self.name = name
         self.popen = popen
+        self.log_file = log_file
 
     @property
     def pid(self) -> int:
@@ -65,7 +66,7 @@ class LocalScheduler(Scheduler):
 
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
-        self.processes: list[LocalProcess] = []
+        self.processes: list[LocalProcess] = []  # stop_all() stops them in start order
         ref = weakref.ref(self)
         atexit.register(lambda: ref() and ref().stop_all())
 
@@ -87,9 +88,13 @@ class LocalScheduler(Scheduler):
         )
         if out:
             out.close()
-        handle = LocalProcess(spec.name, popen)
+        handle = LocalProcess(spec.name, popen, spec.log_file)
         self.processes.append(handle)
         return handle
+
+    @property
+    def handles(self) -> list[LocalProcess]:
+        return list(self.processes)
 
     def stop_all(self) -> None:
         for proc in self.processes:
