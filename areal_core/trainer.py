@@ -282,7 +282,10 @@ class _Loop:
                     step_start = time.perf_counter()
                     batch = order_batch(self._next_batch())
                     rollout_stats = rollout.stats
+                    train_start = time.perf_counter()
                     stats = self._train_on(batch)
+                    stats["time/rollout_wait_s"] = train_start - step_start
+                    stats["time/train_s"] = time.perf_counter() - train_start
                     version += 1
                     stats["time/weight_update_s"] = self._update_weights(version)
                     n_tokens = sum(t.n_output_tokens for t in batch)

@@ -111,3 +111,22 @@ def test_example_trains_on_a_small_batch(report):
     assert grad[0] == 0.0  # prompt token
     assert all(g != 0.0 for g in grad[1:])
     assert {"loss", "clip_frac", "imp_weight_mean", "imp_weight_max", "ratio_mean"} <= set(report["stats"])
+
+
+@pytest.mark.slow
+def test_example_algorithm_trains_one_step_through_areal_run(installed: Path, tmp_path: Path):
+    """The installed plugin is selected by name and drives a real train step (servers, worker)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AREAL_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(installed), os.environ.get("PYTHONPATH")]))
+    config = Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "config.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "areal_core.cli", "run", str(config), "actor.algorithm=cispo", "total_train_steps=1",
+         f"fileroot={tmp_path}", "train_dataset.batch_size=4", "gconfig.n_samples=4", "valid_dataset.size=4",
+         "stats.progress=false"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_dir = tmp_path / "quickstart" / "trial0"
+    (row,) = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["train/n_seqs"] == 16
+    assert "actor:\n  algorithm: cispo" in (run_dir / "config.yaml").read_text()

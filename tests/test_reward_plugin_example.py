@@ -70,6 +70,16 @@ def test_example_plugin_is_discovered_and_selectable_by_config(installed: Path, 
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_areal_plugins_lists_the_installed_example(installed: Path):
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AREAL_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(installed), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "areal_core.cli", "plugins"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "reward_example  (areal-reward-example 0.1.0)  [ok]" in done.stdout
+    assert "reward: answer_format, arith_length_penalty" in done.stdout
+
+
 def test_example_plugin_is_absent_unless_installed():
     # Guards the test above: without the install, the rewards are not registered.
     from areal_core.plugins import load_plugins

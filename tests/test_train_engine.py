@@ -284,3 +284,17 @@ def test_bad_inputs_name_the_problem(process_group, model_path):
     with pytest.raises(ValueError, match="ppo_n_minibatches"):
         engine.ppo_update(trajs, adv)
 
+
+
+def test_load_checkpoint_after_a_forward_uses_the_loaded_weights(process_group, model_path, tmp_path):
+    """A no-grad forward leaves gathered weights behind; loading must not leave them stale."""
+    trained = make_engine(model_path)
+    trajs, adv = make_batch(trained)
+    trained.ppo_update(trajs, adv)
+    trained.save_checkpoint(tmp_path / "ckpt")
+    seqs = [t.input_ids for t in trajs]
+    other = make_engine(model_path)
+    before = other.compute_logprobs(seqs)
+    other.load_checkpoint(tmp_path / "ckpt")
+    after = other.compute_logprobs(seqs)
+    assert after == trained.compute_logprobs(seqs) and after != before

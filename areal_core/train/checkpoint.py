@@ -72,7 +72,9 @@ def load_checkpoint(
     path = Path(path)
     extra_file = path / f"extra_rank{dist.get_rank()}.pt"
     if not (path / ".metadata").is_file():
-        raise FileNotFoundError(f"{path} is not a DCP checkpoint (no .metadata); pass a directory written by save_checkpoint")
+        raise FileNotFoundError(
+            f"{path} is not a DCP checkpoint (no .metadata); pass a directory written by save_checkpoint"
+        )
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))

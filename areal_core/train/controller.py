@@ -157,7 +157,8 @@ class TrainController:
                     raise TrainWorkerError(failures[0])
                 if time.monotonic() > deadline:
                     raise TrainWorkerError(
-                        f"training workers did not connect within {self.startup_timeout:.0f}s; see {self.log_file(0).parent}"
+                        f"training workers did not connect within {self.startup_timeout:.0f}s; "
+                        f"see the logs in {self.log_file(0).parent}"
                     )
         finally:
             if thread.is_alive():  # wake the blocked accept() so the thread ends
@@ -226,7 +227,9 @@ class TrainController:
     def _call(self, cmd: object, timeout: float | None = None) -> Any:
         """Send ``cmd`` to every rank; return rank 0's value once all replied."""
         if not self._conns:
-            raise RuntimeError("the training workers are not running; call start() first (or after a failure, build a new controller)")
+            raise RuntimeError(
+                "the training workers are not running; call start() first (after a failure, build a new controller)"
+            )
         payload = pickle.dumps(cmd)
         for conn in self._conns:
             conn.send_bytes(payload)
@@ -244,7 +247,9 @@ class TrainController:
                     del pending[rank]
                 self._check_alive(pending, f"during {type(cmd).__name__}")
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TrainWorkerError(f"{type(cmd).__name__} took over {timeout:.0f}s on trainers {sorted(pending)}")
+                    raise TrainWorkerError(
+                        f"{type(cmd).__name__} took over {timeout:.0f}s on trainers {sorted(pending)}"
+                    )
         except BaseException:
             self._terminate()  # survivors may be stuck in a collective: no graceful shutdown
             raise

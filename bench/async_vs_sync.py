@@ -1,0 +1,194 @@
+"""Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
+
+    python bench/async_vs_sync.py [--steps 20] [--staleness 2]
+
+Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
+``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
+long-tail workload (the quickstart's addition task with up to 24 new tokens: a random-init model
+stops only when it happens to emit end-of-sequence). Every request's latency and length are recorded.
+
+Part 2 repeats the comparison with ``ReplayLatencyEngine``, which replays the latencies and
+lengths recorded in part 1 instead of running a model, so the controller's overlap is measured
+without generation and training competing for the same 2 cores.
+
+Each part prints wall time, tokens/s, final reward, the ideal speed-up and how close the
+asynchronous run comes to it. Ideal = synchronous wall / max(train time, generation time): for the
+real engine the generation time is the synchronous run's measured wait (the plain overlap bound);
+for the replay engine it is the time a never-blocked pipe of in-flight episodes needs, since
+asynchrony also stops waiting for stragglers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import attrs
+
+from areal_core import hookimpl
+from areal_core.config import load_config
+from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.hf_engine.client import HFEngine
+from areal_core.plugins import load_plugins
+from areal_core.trainer import Trainer
+
+BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
+RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of every hf request in part 1
+
+
+class RecordingHFEngine(HFEngine):
+    """The real hf engine, recording each request's latency and length for the replay."""
+
+    name = "hf-recording"
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        response = await super().agenerate(request)
+        RECORDED.append((response.latency, len(response.output_ids)))
+        return response
+
+
+class ReplayLatencyEngine(InferenceEngine):
+    """NOT a model: returns random tokens after a latency drawn from the recorded (latency,
+    length) pairs. Weight loads are no-ops; tokens are tagged with the version at completion."""
+
+    name = "replay-latency"
+
+    def __init__(self, config, platform) -> None:
+        super().__init__(config, platform)
+        self.version = 0
+        self.rng = random.Random(config.seed)
+        self.resumed: asyncio.Event | None = None
+        self.paused = False
+
+    def launch_servers(self, scheduler) -> list[str]:
+        return []
+
+    def attach(self, addresses: list[str]) -> None:
+        pass
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        while self.paused:
+            await asyncio.sleep(0.005)
+        latency, length = self.rng.choice(RECORDED)
+        await asyncio.sleep(latency)
+        length = min(length, request.sampling.max_new_tokens)
+        ids = [self.rng.randrange(2, 12) for _ in range(length)]
+        return GenerationResponse(
+            input_ids=request.input_ids,
+            output_ids=ids,
+            logprobs=[-2.5] * length,
+            versions=[self.version] * length,
+            stop_reason="length",
+            latency=latency,
+        )
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def health(self) -> list[bool]:
+        return []
+
+    def load_weights_from_disk(self, path: str, version: int) -> None:
+        self.version = version
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def close(self) -> None:
+        pass
+
+
+@hookimpl
+def areal_register_inference_engines(register):
+    register(RecordingHFEngine.name, RecordingHFEngine)
+    register(ReplayLatencyEngine.name, ReplayLatencyEngine)
+
+
+def run_job(root: Path, trial: str, overrides: list[str]) -> dict[str, float]:
+    plugins = load_plugins(extra=[("bench-engines", types.SimpleNamespace(areal_register_inference_engines=areal_register_inference_engines))])
+    config = load_config(None, [f"fileroot={root}", f"trial_name={trial}", *overrides])
+    start = time.perf_counter()
+    summary = Trainer(config, plugins).run()
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (summary.run_dir / "stats.jsonl").read_text().splitlines()]
+    return {
+        "wall": wall,
+        "loop": summary.wall_seconds,
+        "tokens_per_s": summary.output_tokens / summary.wall_seconds,
+        "reward": summary.reward_last,
+        "gen": sum(r["time/rollout_wait_s"] for r in rows),
+        "train": sum(r["time/train_s"] + r["time/weight_update_s"] for r in rows),
+        "max_lag": max(r["rollout/max_lag"] for r in rows),
+    }
+
+
+def episode_latency(n_samples: int, trials: int = 20000) -> float:
+    """Expected latency of one episode (its slowest of ``n_samples`` requests) under the recording."""
+    rng = random.Random(0)
+    return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
+
+
+def compare(label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None) -> None:
+    """Run sync and async; ``pipe_gen_s`` is the rollout side's time when never blocked (None: the
+    synchronous generation time, i.e. the plain overlap bound)."""
+    sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"])
+    asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"])
+    gen = sync["gen"] if pipe_gen_s is None else pipe_gen_s
+    bound = sync["loop"] / max(gen, sync["train"])
+    speedup = sync["loop"] / asyn["loop"]
+    print(f"\n== {label} ==")
+    print(f"{'':26}{'sync (0)':>12}{f'async ({staleness})':>14}")
+    print(f"{'training loop wall s':26}{sync['loop']:>12.1f}{asyn['loop']:>14.1f}")
+    print(f"{'tokens/s':26}{sync['tokens_per_s']:>12.0f}{asyn['tokens_per_s']:>14.0f}")
+    print(f"{'final reward (last 5)':26}{sync['reward']:>12.3f}{asyn['reward']:>14.3f}")
+    print(f"{'sum gen wait / train s':26}{sync['gen']:>7.1f} /{sync['train']:>4.1f}{asyn['gen']:>9.1f} /{asyn['train']:>4.1f}")
+    print(f"{'max version lag':26}{sync['max_lag']:>12.0f}{asyn['max_lag']:>14.0f}")
+    kind = "overlap bound: sync wall / max(sum gen, sum train)" if pipe_gen_s is None else (
+        f"bound: sync wall / max(sum train, unblocked rollout time {pipe_gen_s:.1f}s)")
+    print(f"async/sync speedup {speedup:.2f}x   ideal {bound:.2f}x ({kind})   async reaches {100 * speedup / bound:.0f}% of it")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--staleness", type=int, default=2)
+    args = parser.parse_args()
+    common = [
+        f"total_train_steps={args.steps}",
+        "seed=3",
+        f"train_dataset.batch_size={BATCH}",
+        f"gconfig.n_samples={N_SAMPLES}",
+        "gconfig.max_new_tokens=24",  # a random-init model stops at eos by chance: long-tail lengths
+        f"rollout.max_concurrent_rollouts={MAX_CONCURRENT}",
+        "stats.progress=false",
+        "stats.eval_every=0",
+        "stats.tensorboard=false",
+    ]
+    with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
+        root = Path(tmp)
+        compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
+                [*common, "rollout.engine=hf-recording"], args.staleness, None)
+        lengths = sorted(n for _, n in RECORDED)
+        lat = sorted(t for t, _ in RECORDED)
+        print(f"recorded {len(RECORDED)} requests: length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
+              f"max {lengths[-1]}; latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
+        # A latency-only engine has no compute limit: with C episodes always in flight it yields
+        # N episodes in N * E[episode latency] / C seconds.
+        in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
+        pipe = args.steps * BATCH * episode_latency(N_SAMPLES) / in_flight
+        compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
+                [*common, "rollout.engine=replay-latency"], args.staleness, pipe)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Recover points are published atomically: a crash while writing keeps the previous one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from areal_core.recover import RecoverInfo, RecoverStore
+
+
+def _info(step: int) -> RecoverInfo:
+    return RecoverInfo(step=step, version=step, loader_state={"epoch": 0, "index": step, "seed": 1},
+                       in_flight=[{"id": f"p{step}", "prompt": "1+1="}], checkpoint=Path())
+
+
+def _write(marker: str):
+    def write(path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "state").write_text(marker)
+
+    return write
+
+
+def test_save_then_latest_round_trips(tmp_path):
+    store = RecoverStore(tmp_path / "recover")
+    assert store.latest() is None
+    store.save(_info(2), _write("two"))
+    store.save(_info(4), _write("four"))
+    latest = store.latest()
+    assert latest == attrs.evolve(_info(4), checkpoint=tmp_path / "recover" / "step4")
+    assert (latest.checkpoint / "state").read_text() == "four"
+    assert sorted(p.name for p in (tmp_path / "recover").iterdir()) == ["latest.json", "step4"]
+
+
+def test_crash_while_writing_keeps_the_previous_point(tmp_path):
+    store = RecoverStore(tmp_path / "recover")
+    store.save(_info(2), _write("two"))
+
+    def crash(path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "partial").write_text("x")
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        store.save(_info(4), crash)
+    latest = store.latest()
+    assert latest.step == 2 and (latest.checkpoint / "state").read_text() == "two"
+    store.save(_info(4), _write("four"))  # the leftover temp dir does not get in the way
+    assert store.latest().step == 4
