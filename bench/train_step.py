@@ -8,7 +8,7 @@
 
 Steps of the contenders are interleaved so machine load drifts hit both alike.
 
-    python bench/train_step.py [--steps 4] [--threads 2]
+    python bench/train_step.py [--steps 4] [--threads 1]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def race(contenders: dict[str, Callable[[], None]], steps: int, tokens: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per contender")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
