@@ -13,7 +13,6 @@ import collections
 import json
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from areal_core.hf_engine.protocol import (
     from_json,
     to_json,
 )
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 
 #: ``rollout.engine_args`` keys the hf server understands (passed as ``--max-batch-size`` etc.).
 ENGINE_ARGS = ("max_batch_size", "group_timeout")
-_LOG_TAIL_CHARS = 4000
 
 class _PauseGate:
     """Holds async callers (on any event loop) while closed; opened and closed from any thread."""
@@ -137,7 +135,7 @@ class HFEngine(InferenceEngine):
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         started: list[tuple[str, ProcessHandle, Path]] = []
         for i in range(rollout.servers):
-            address = f"127.0.0.1:{_free_port()}"
+            address = f"127.0.0.1:{free_port()}"
             log_file = run_dir / "logs" / f"hf_server{i}.log"
             spec = ProcessSpec(
                 name=f"hf_server{i}",
@@ -322,22 +320,13 @@ def _wait_healthy(address: str, handle: ProcessHandle, log_file: Path, deadline:
         if not handle.alive():
             raise ArealError(
                 f"hf server {handle.name} ({address}) exited with code {handle.returncode()} during start-up; "
-                f"log tail of {log_file}:\n{_tail(log_file)}"
+                f"log tail of {log_file}:\n{log_tail(log_file)}"
             )
         if time.monotonic() > deadline:
             raise ArealError(
                 f"hf server {handle.name} ({address}) not healthy within rollout.server_startup_timeout; "
-                f"raise it or check {log_file}:\n{_tail(log_file)}"
+                f"raise it or check {log_file}:\n{log_tail(log_file)}"
             )
         time.sleep(0.2)
 
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
-    except OSError:
-        return "<no log>"
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import socket
+from pathlib import Path
 
 import attrs
 
@@ -64,3 +66,19 @@ class Scheduler(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a small race remains)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: str | Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a process log, indented for inclusion in an error message."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        text = []
+    return "\n".join(f"  | {line}" for line in text) or "  | (empty log)"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
 from areal_core.train.worker import (
     AUTHKEY_ENV,
     Build,
@@ -41,17 +40,10 @@ if TYPE_CHECKING:
 
 _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show
-_LOG_TAIL_LINES = 30
 
 
 class TrainWorkerError(ArealError):
     """A training worker died or a command failed on it; the message carries its log tail."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TrainController:
@@ -101,7 +93,7 @@ class TrainController:
         env = {
             AUTHKEY_ENV: authkey.hex(),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "AREAL_ACTIVE_PLATFORM": self.platform.name,
         }
         for rank in range(self.world_size):
@@ -282,6 +274,4 @@ class TrainController:
     def _death_message(self, rank: int, when: str) -> str:
         code = self.handles[rank].returncode()
         log = self.log_file(rank)
-        lines = log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:] if log.exists() else []
-        tail = "\n".join(f"  | {line}" for line in lines) or "  | (empty log)"
-        return f"trainer{rank} exited (code {code}) {when}; last lines of {log}:\n{tail}"
+        return f"trainer{rank} exited (code {code}) {when}; last lines of {log}:\n{log_tail(log)}"
