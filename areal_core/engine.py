@@ -92,7 +92,14 @@ class InferenceEngine(abc.ABC):
         raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
 
     def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Receive one broadcast bucket described by ``meta`` (receiving half of ``xccl``)."""
+        """Receive one broadcast bucket described by ``meta`` into a staging area (``xccl``)."""
+        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
+
+    def commit_weights(self, version: int) -> None:
+        """Swap every staged bucket in at once and serve them as ``version`` (``xccl``).
+
+        Until this call the old weights keep serving, so a failure mid-transfer changes nothing.
+        """
         raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
 
     @abc.abstractmethod

@@ -6,8 +6,12 @@ cd "$(dirname "$0")/.."
 # A CPU build of torch; a plain "torch" requirement would pull a multi-GB CUDA build.
 python -m pip install --quiet "${AREAL_TORCH_SPEC:-torch==2.13.0}"
 args=(-e ".[test]")
+plugins=""
 for dir in plugins/*/; do
-  [ -f "$dir/pyproject.toml" ] && args+=(-e "$dir")
+  if [ -f "$dir/pyproject.toml" ]; then
+    args+=(-e "$dir")
+    plugins+=" ${dir%/}"
+  fi
 done
 python -m pip install --quiet "${args[@]}"
-echo "installed: areal-core + ${#args[@]} editable distributions ($(printf '%s ' "${args[@]}" | sed 's/-e //g'))"
+echo "installed (editable): areal-core${plugins:+ and}${plugins}"

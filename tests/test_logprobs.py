@@ -231,6 +231,7 @@ def _two_rank_worker(rank: int, store: str, root_reshard: bool | None, out: str)
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
         if rank == 0:
             torch.save(grads, out)
+        dist.barrier()  # tear the group down together: a peer leaving early can abort gloo
     finally:
         dist.destroy_process_group()
 

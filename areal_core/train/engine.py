@@ -7,6 +7,7 @@ works on a token-balanced share, and results are combined with ``torch.distribut
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import shutil
@@ -211,6 +212,11 @@ class TrainEngine:
     def destroy(self) -> None:
         """Release the process group if this engine created it."""
         if self._owns_process_group and dist.is_initialized():
+            if dist.get_world_size() > 1:
+                try:  # leave together: a peer tearing gloo down early can abort this process
+                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+                except RuntimeError:  # a peer is gone already; nothing to wait for
+                    pass
             dist.destroy_process_group()
             self._owns_process_group = False
 
