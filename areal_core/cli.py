@@ -57,8 +57,14 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.plugins import load_plugins
     from areal_core.resolve import resolve_config
 
+    from areal_core.datasets import load_dataset
+
     path, overrides = _split_config_args(ns.args)
-    config, _ = resolve_config(load_config(path, overrides), load_plugins())
+    plugins = load_plugins()
+    config, _ = resolve_config(load_config(path, overrides), plugins)
+    load_dataset(config.train_dataset, "train", plugins)  # dataset options and paths are checked too
+    if config.valid_dataset is not None:
+        load_dataset(config.valid_dataset, "valid", plugins)
     sys.stdout.write(dump_yaml(config))
     return 0
 

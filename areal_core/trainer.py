@@ -103,9 +103,8 @@ class Trainer:
         config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_yaml(config))
-        with ExitStack() as stack:
-            _stop_on_sigterm()
-            planes = stack.enter_context(_Planes(config, self.plugins, self.platform))
+        _stop_on_sigterm()
+        with _Planes(config, self.plugins, self.platform) as planes:
             return _Loop(config, planes, train_items, valid_items).run()
 
 

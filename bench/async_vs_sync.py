@@ -30,7 +30,6 @@ import time
 import types
 from pathlib import Path
 
-import attrs
 
 from areal_core import hookimpl
 from areal_core.config import load_config

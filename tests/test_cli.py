@@ -24,6 +24,8 @@ def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
         (["config", "actor.algorithm=ppx"], "actor.algorithm: algorithm 'ppx' is not installed (installed algorithms: "),
         (["config", "platform=npu"], "platform: platform 'npu' is not installed; pip install areal-platform-npu"),
         (["config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["config", "train_dataset.options={max_operand: -1}"], "train_dataset.options.max_operand: must be >= min_operand (0), got -1"),
+        (["config", "valid_dataset.name=gsm8k", "valid_dataset.path=/nonexistent"], "valid_dataset.path"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message):
