@@ -110,6 +110,7 @@ class OptimizerConfig:
 class ActorConfig:
     algorithm: str = "grpo"
     weight_update: str = "disk"
+    weight_chunked_mem_mb: int = attrs.field(default=128, validator=_ge(1))  # xccl bucket (bench/weight_sync.py)
     world_size: int = attrs.field(default=1, validator=_ge(1))
     threads_per_worker: int = attrs.field(default=1, validator=_ge(1))
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
@@ -173,7 +174,7 @@ class Config:
     fileroot: str = "./runs"
     seed: int = 1
     platform: str = "auto"
-    scheduler: Literal["local", "ray"] = "local"
+    scheduler: Literal["local"] = "local"  # "ray" arrives with the scale-out issue
     total_train_steps: int = attrs.field(default=100, validator=_ge(1))
     model: ModelConfig = attrs.Factory(ModelConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)

@@ -28,7 +28,8 @@ from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
 from areal_core.errors import ArealError
 from areal_core.hf_engine.bucket import flatten_bucket, unflatten_bucket
-from areal_core.hf_engine.client import HFEngine, _Router
+from areal_core.engine_http import Router
+from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.generator import sample
 from areal_core.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
@@ -179,12 +180,12 @@ def restore_v0(served: Served) -> Iterator[None]:
 @settings(max_examples=30, deadline=None)
 @given(ids=st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=40), servers=st.integers(1, 4))
 def test_router_pins_ids_and_balances_new_ones(ids: list[str], servers: int) -> None:
-    router = _Router(servers)
+    router = Router(servers)
     first: dict[str, int] = {}
     for rid in ids:
         server = router.acquire(rid)
         assert first.setdefault(rid, server) == server
-    fresh, loads = _Router(servers), [0] * servers
+    fresh, loads = Router(servers), [0] * servers
     for i in range(servers * 3):  # distinct ids, all in flight: spread evenly
         loads[fresh.acquire(f"id{i}")] += 1
     assert loads == [3] * servers
@@ -380,7 +381,13 @@ def test_collective_receive_from_a_gloo_rank0(served: Served, restore_v0: None) 
     received = _in_thread(engine.receive_weights, bucket)
     group.broadcast(flatten_bucket(tensors), 0).wait()
     received.result(timeout=60)
-    engine.set_version(7)
+    (staged,) = generate_all(engine, [greedy_request(PROMPTS[3], 24)])  # staged only: old weights serve
+    assert staged.versions == [0] * 24 and staged.output_ids == hf_greedy(served.model, PROMPTS[3], 24)
+    with pytest.raises(ArealError, match="cannot commit version 8: version 7 is staged"):
+        engine.commit_weights(8)
+    engine.commit_weights(7)
+    with pytest.raises(ArealError, match="nothing is staged"):  # a commit consumes the staged buckets
+        engine.commit_weights(7)
 
     expected = load_model(served.v0_dir)  # the servers' v0 weights ...
     with torch.no_grad():  # ... with the three received tensors (bf16 one cast back to fp32)

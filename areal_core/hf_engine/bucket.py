@@ -33,7 +33,10 @@ def flatten_bucket(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def unflatten_bucket(
     flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
 ) -> list[torch.Tensor]:
-    """Tensors read from ``flat`` with the given dtypes and shapes (the inverse of ``flatten_bucket``)."""
+    """Tensors read from ``flat`` with the given dtypes and shapes (the inverse of ``flatten_bucket``).
+
+    Aligned tensors are views of ``flat`` (no copy); the rest are copies.
+    """
     expected = bucket_nbytes(dtypes, shapes)
     if flat.numel() != expected:
         raise ValueError(f"bucket holds {flat.numel()} bytes but names/dtypes/shapes describe {expected}")
@@ -41,7 +44,9 @@ def unflatten_bucket(
     for name, shape in zip(dtypes, shapes):
         dtype = parse_dtype(name)
         n = math.prod(shape) * dtype.itemsize
-        # clone: a slice's byte offset may not be aligned to the dtype, which ``view`` requires
-        out.append(flat[offset : offset + n].clone().view(dtype).view(tuple(shape)))
+        part = flat[offset : offset + n]
+        if offset % dtype.itemsize:  # ``view`` needs the byte offset aligned to the dtype: copy
+            part = part.clone()
+        out.append(part.view(dtype).view(tuple(shape)))
         offset += n
     return out

@@ -8,24 +8,22 @@ both sides holds generation between ``pause()`` and ``resume()``.
 
 from __future__ import annotations
 
-import asyncio
-import collections
+import functools
 import json
 import os
 import secrets
 import sys
-import threading
 import time
-import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.engine_http import PauseGate, Router, fan_out, wait_healthy
 from areal_core.errors import ArealError, ConfigError
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
+    CommitWeightsBody,
     GenerateBody,
     GenerateResult,
     Health,
@@ -36,7 +34,7 @@ from areal_core.hf_engine.protocol import (
     from_json,
     to_json,
 )
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -47,69 +45,6 @@ if TYPE_CHECKING:
 #: ``rollout.engine_args`` keys the hf server understands (passed as ``--max-batch-size`` etc.).
 ENGINE_ARGS = ("max_batch_size", "group_timeout")
 
-class _PauseGate:
-    """Holds async callers (on any event loop) while closed; opened and closed from any thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._closed = False
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-
-    def open(self) -> None:
-        with self._lock:
-            self._closed = False
-            waiters, self._waiters = self._waiters, []
-        for loop, future in waiters:
-            try:
-                loop.call_soon_threadsafe(_release, future)
-            except RuntimeError:  # that loop has closed; nobody is waiting there any more
-                pass
-
-    async def wait(self) -> None:
-        with self._lock:
-            if not self._closed:
-                return
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            self._waiters.append((loop, future))
-        await future
-
-def _release(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
-
-class _Router:
-    """Pins each request id to one server; a new id goes to the least-loaded server (round robin on ties)."""
-
-    def __init__(self, n_servers: int, max_pins: int = 100_000) -> None:
-        self._lock = threading.Lock()
-        self._load = [0] * n_servers
-        self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._next = 0
-        self._max_pins = max_pins
-
-    def acquire(self, request_id: str) -> int:
-        with self._lock:
-            server = self._pins.get(request_id)
-            if server is None:
-                n = len(self._load)
-                server = min(range(n), key=lambda i: (self._load[i], (i - self._next) % n))
-                self._next = (server + 1) % n
-                if len(self._pins) >= self._max_pins:
-                    self._pins.popitem(last=False)
-            self._pins[request_id] = server
-            self._pins.move_to_end(request_id)
-            self._load[server] += 1
-            return server
-
-    def release(self, server: int) -> None:
-        with self._lock:
-            self._load[server] -= 1
-
 class HFEngine(InferenceEngine):
     """Client of ``config.rollout.servers`` hf servers; see the module docstring for threading."""
 
@@ -119,8 +54,8 @@ class HFEngine(InferenceEngine):
         super().__init__(config, platform)
         self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         self.addresses: list[str] = []
-        self._router = _Router(1)
-        self._gate = _PauseGate()
+        self._router = Router(1)
+        self._gate = PauseGate()
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -147,7 +82,8 @@ class HFEngine(InferenceEngine):
             started.append((address, scheduler.start(spec), log_file))
         deadline = time.monotonic() + rollout.server_startup_timeout
         for address, handle, log_file in started:
-            _wait_healthy(address, handle, log_file, deadline)
+            up = functools.partial(_is_up, address)
+            wait_healthy(up, handle, address, log_file, deadline, "hf server")
         self.attach([address for address, _, _ in started])
         return list(self.addresses)
 
@@ -168,7 +104,7 @@ class HFEngine(InferenceEngine):
         if not addresses:
             raise ValueError("attach() needs at least one server address (host:port)")
         self.addresses = list(addresses)
-        self._router = _Router(len(addresses))
+        self._router = Router(len(addresses))
 
     def health(self) -> list[bool]:
         return [state is not None for state in self.server_health()]
@@ -264,11 +200,21 @@ class HFEngine(InferenceEngine):
         self._fan_out("/init_weight_group", bodies)
 
     def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Blocks until rank 0 broadcasts the bucket; the caller then calls ``set_version``."""
+        """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
         body = ReceiveWeightsBody(
-            names=list(meta.names), dtypes=list(meta.dtypes), shapes=[list(s) for s in meta.shapes]
+            names=list(meta.names),
+            dtypes=list(meta.dtypes),
+            shapes=[list(s) for s in meta.shapes],
+            version=meta.version,
         )
         self._fan_out("/receive_weights", [to_json(body)] * len(self.addresses))
+
+    def commit_weights(self, version: int) -> None:
+        self._fan_out("/commit_weights", [to_json(CommitWeightsBody(version=version))] * len(self.addresses))
+
+    def weights_digest(self) -> list[dict[str, str]]:
+        """Per server: parameter name -> sha256 of its dtype, shape and bytes (see ``receiver.tensor_digest``)."""
+        return [reply["digest"] for reply in self._fan_out("/weights_digest", [{}] * len(self.addresses))]
 
     def close(self) -> None:
         """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
@@ -279,34 +225,9 @@ class HFEngine(InferenceEngine):
 
     def _fan_out(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """POST ``bodies[i]`` to server ``i`` (in parallel); raise on the first failure."""
-        if not self.addresses:
-            raise ArealError("the hf engine has no servers; call launch_servers() or attach() first")
         timeout = self.config.rollout.request_timeout
-        with ThreadPoolExecutor(max_workers=len(self.addresses)) as pool:
-            futures = [
-                pool.submit(_post, address, endpoint, body, self._headers(), timeout)
-                for address, body in zip(self.addresses, bodies)
-            ]
-            return [future.result() for future in futures]
+        return fan_out(self.addresses, endpoint, bodies, self._headers(), timeout, "hf server")
 
-def _post(address: str, endpoint: str, body: dict[str, Any], headers: dict[str, str], timeout: float) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"http://{address}{endpoint}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **headers},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read()).get("error", "")
-        except ValueError:
-            message = exc.reason
-        raise ArealError(f"hf server {address} {endpoint} failed ({exc.code}): {message}") from None
-    except OSError as exc:
-        raise ArealError(f"hf server {address} {endpoint} is unreachable: {exc}") from None
 
 def _get_health(address: str, timeout: float = 5.0) -> Health | None:
     try:
@@ -315,18 +236,6 @@ def _get_health(address: str, timeout: float = 5.0) -> Health | None:
     except (OSError, ValueError):
         return None
 
-def _wait_healthy(address: str, handle: ProcessHandle, log_file: Path, deadline: float) -> None:
-    while _get_health(address, timeout=1.0) is None:
-        if not handle.alive():
-            raise ArealError(
-                f"hf server {handle.name} ({address}) exited with code {handle.returncode()} during start-up; "
-                f"log tail of {log_file}:\n{log_tail(log_file)}"
-            )
-        if time.monotonic() > deadline:
-            raise ArealError(
-                f"hf server {handle.name} ({address}) not healthy within rollout.server_startup_timeout; "
-                f"raise it or check {log_file}:\n{log_tail(log_file)}"
-            )
-        time.sleep(0.2)
 
-
+def _is_up(address: str) -> bool:
+    return _get_health(address, timeout=1.0) is not None

@@ -65,11 +65,19 @@ class WeightGroupBody:
 
 @attrs.frozen(kw_only=True)
 class ReceiveWeightsBody:
-    """``POST /receive_weights``: one flat bucket (see :mod:`areal_core.hf_engine.bucket`)."""
+    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.hf_engine.bucket`)."""
 
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
+    version: int = 0  # a bucket of another version than the staged ones drops them first
+
+
+@attrs.frozen(kw_only=True)
+class CommitWeightsBody:
+    """``POST /commit_weights``: swap every bucket staged for ``version`` in and serve it."""
+
+    version: int
 
 
 @attrs.frozen(kw_only=True)

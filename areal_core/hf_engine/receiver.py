@@ -1,11 +1,14 @@
 """The server's receiving half of weight updates: HF safetensors from disk, or collective buckets.
 
-Everything that touches parameters runs on the generator's model thread, between decode steps.
+Collective buckets are staged (:class:`StagedWeights`) and swapped in together by a commit, so a
+failure mid-transfer leaves the old weights serving. Everything that touches parameters runs on
+the generator's model thread, between decode steps.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -48,29 +51,110 @@ def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _targets(model: Any) -> dict[str, torch.Tensor]:
+    """Every parameter (tied ones under each of their names) and buffer, by name."""
+    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(model.named_buffers())
+    return targets
+
+
+def check_names_and_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> None:
+    """ValueError unless every name is a parameter/buffer of ``model`` with that shape."""
+    targets = _targets(model)
+    unknown = sorted(set(shapes) - set(targets))
+    if unknown:
+        raise ValueError(f"{len(unknown)} tensor(s) are not parameters of this model, e.g. {unknown[:3]}")
+    for name, shape in shapes.items():
+        if tuple(shape) != tuple(targets[name].shape):
+            raise ValueError(f"{name}: shape {tuple(shape)} does not match the model's {tuple(targets[name].shape)}")
+
+
 def copy_into_model(model: Any, tensors: dict[str, torch.Tensor], *, complete: bool) -> None:
     """Copy named tensors into the model's parameters (and buffers), casting dtypes.
 
     ``complete`` requires every parameter to be present (a full checkpoint); names that are
     not the model's are an error either way. Tied parameters need to appear under one name.
     """
-    targets = dict(model.named_parameters(remove_duplicate=False))
-    targets.update(model.named_buffers())
-    unknown = sorted(set(tensors) - set(targets))
-    if unknown:
-        raise ValueError(f"{len(unknown)} tensor(s) are not parameters of this model, e.g. {unknown[:3]}")
+    check_names_and_shapes(model, {name: tuple(t.shape) for name, t in tensors.items()})
+    targets = _targets(model)
     if complete:
         loaded = {id(targets[name]) for name in tensors}
         missing = [name for name, p in model.named_parameters() if id(p) not in loaded]
         if missing:
             raise ValueError(f"{len(missing)} parameter(s) missing from the checkpoint, e.g. {missing[:3]}")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(targets[name].shape):
-            expected = tuple(targets[name].shape)
-            raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match the model's {expected}")
     with torch.no_grad():
         for name, tensor in tensors.items():
             targets[name].copy_(tensor)
+
+
+def swap_into_model(model: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Point the named parameters/buffers at ``tensors`` (no copy; a cast copy if dtypes differ)."""
+    check_names_and_shapes(model, {name: tuple(t.shape) for name, t in tensors.items()})
+    targets = _targets(model)
+    for name, tensor in tensors.items():
+        target = targets[name]
+        target.data = tensor if tensor.dtype == target.dtype else tensor.to(target.dtype)
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and raw bytes: equal digests mean bit-for-bit equal."""
+    t = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_digest(model: Any) -> dict[str, str]:
+    """:func:`tensor_digest` of every parameter (tied ones once) and every saved buffer."""
+    saved = model.state_dict().keys()
+    named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n in saved)]
+    return {name: tensor_digest(value) for name, value in named}
+
+
+class StagedWeights:
+    """Buckets received for one version, held aside until a commit swaps them in.
+
+    The flat receive buffers are recycled: once a commit leaves no parameter in an older
+    buffer, that buffer receives a later bucket (no fresh allocation per update).
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._flats: list[torch.Tensor] = []  # backing the staged tensors
+        self._live: list[torch.Tensor] = []  # backing (some of) the served parameters
+        self._spare: list[torch.Tensor] = []  # free for the next buckets
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A uint8 buffer of ``nbytes`` to receive a bucket into."""
+        for i, flat in enumerate(self._spare):
+            if flat.numel() == nbytes:
+                return self._spare.pop(i)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def add(self, version: int, tensors: dict[str, torch.Tensor], flat: torch.Tensor) -> None:
+        if version != self.version:  # leftovers of a failed update are dropped, never committed
+            self.clear()
+            self.version = version
+        self.tensors.update(tensors)
+        self._flats.append(flat)
+
+    def commit(self, model: Any, version: int) -> int:
+        """Swap every tensor staged for ``version`` into ``model`` (call on the model thread)."""
+        if self.version != version or not self.tensors:
+            staged = "nothing" if not self.tensors else f"version {self.version}"
+            raise ValueError(f"cannot commit version {version}: {staged} is staged; receive its buckets first")
+        swap_into_model(model, self.tensors)
+        in_use = {t.untyped_storage().data_ptr() for t in _targets(model).values()}
+        old = self._live + self._flats
+        self._live = [f for f in old if f.untyped_storage().data_ptr() in in_use]
+        self._spare = [f for f in old if f.untyped_storage().data_ptr() not in in_use]  # older spares go
+        count, self.version, self.tensors, self._flats = len(self.tensors), None, {}, []
+        return count
+
+    def clear(self) -> None:
+        self._spare += self._flats
+        self.version, self.tensors, self._flats = None, {}, []
 
 
 class WeightGroup:
@@ -91,12 +175,21 @@ class WeightGroup:
         self.store = store  # the group keeps using it
         log.info("joined weight group %r as rank %d/%d", body.group_name, self.rank, body.world_size)
 
-    def receive(self, body: ReceiveWeightsBody) -> dict[str, torch.Tensor]:
-        """Receive one flat bucket broadcast from rank 0 and split it into named tensors."""
+    def receive(self, body: ReceiveWeightsBody, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Receive one flat bucket broadcast from rank 0 into ``flat`` (uint8, ``bucket_nbytes``
+        long) and split it into named tensors (views of ``flat`` where aligned)."""
         if not len(body.names) == len(body.dtypes) == len(body.shapes):
             raise ValueError(
                 f"names/dtypes/shapes lengths differ: {len(body.names)}/{len(body.dtypes)}/{len(body.shapes)}"
             )
-        flat = torch.empty(bucket_nbytes(body.dtypes, body.shapes), dtype=torch.uint8)
+        if flat.numel() != bucket_nbytes(body.dtypes, body.shapes):
+            raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {bucket_nbytes(body.dtypes, body.shapes)}")
         self.group.broadcast(flat, 0).wait()
         return dict(zip(body.names, unflatten_bucket(flat, body.dtypes, body.shapes)))
+
+    def close(self) -> None:
+        """Leave the group now: peers blocked in a collective with us fail instead of waiting."""
+        try:
+            self.group.abort()
+        except RuntimeError as exc:
+            log.warning("aborting weight group: %s", exc)

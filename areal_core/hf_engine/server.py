@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import hmac
 import logging
 import os
@@ -20,9 +19,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import torch
 from aiohttp import web
 
+from areal_core.hf_engine.bucket import bucket_nbytes
 from areal_core.hf_engine.generator import Generator
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
+    CommitWeightsBody,
     GenerateBody,
     Health,
     LoadWeightsBody,
@@ -32,7 +33,15 @@ from areal_core.hf_engine.protocol import (
     from_json,
     to_json,
 )
-from areal_core.hf_engine.receiver import WeightGroup, check_load_path, copy_into_model, read_safetensors_dir
+from areal_core.hf_engine.receiver import (
+    StagedWeights,
+    WeightGroup,
+    check_load_path,
+    check_names_and_shapes,
+    copy_into_model,
+    model_digest,
+    read_safetensors_dir,
+)
 
 log = logging.getLogger("areal_core.hf_engine.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,6 +88,7 @@ class _Routes:
         self.allowed_root = allowed_root
         self.group_timeout_s = group_timeout_s
         self.group: WeightGroup | None = None
+        self.staged = StagedWeights()
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
@@ -89,6 +99,8 @@ class _Routes:
         app.router.add_post("/load_weights", self.load_weights)
         app.router.add_post("/init_weight_group", self.init_weight_group)
         app.router.add_post("/receive_weights", self.receive_weights)
+        app.router.add_post("/commit_weights", self.commit_weights)
+        app.router.add_post("/weights_digest", self.weights_digest)
 
     async def health(self, request: web.Request) -> web.Response:
         gen = self.gen
@@ -136,16 +148,49 @@ class _Routes:
 
     async def init_weight_group(self, request: web.Request) -> web.Response:
         body = await _body(request, WeightGroupBody)
+        self._leave_group()  # a re-created group (e.g. after a server was replaced) replaces the old one
         self.group = await asyncio.to_thread(WeightGroup, body, self.group_timeout_s)
         return web.json_response({"rank": self.group.rank})
 
     async def receive_weights(self, request: web.Request) -> web.Response:
+        """Stage one broadcast bucket; the served weights change only at ``/commit_weights``."""
         body = await _body(request, ReceiveWeightsBody)
-        if self.group is None:
+        group = self.group
+        if group is None:
             return _error(409, "no weight group: call /init_weight_group first")
-        tensors = await asyncio.to_thread(self.group.receive, body)
-        await self.gen.on_model_thread(functools.partial(copy_into_model, self.gen.model, tensors, complete=False))
-        return web.json_response({"received": len(tensors)})
+        try:
+            if not len(body.names) == len(body.dtypes) == len(body.shapes):
+                raise ValueError(f"names/dtypes/shapes lengths differ: {len(body.names)}/{len(body.dtypes)}/{len(body.shapes)}")
+            check_names_and_shapes(self.gen.model, dict(zip(body.names, map(tuple, body.shapes))))
+            flat = self.staged.buffer(bucket_nbytes(body.dtypes, body.shapes))
+            tensors = await asyncio.to_thread(group.receive, body, flat)
+        except BaseException:
+            self._leave_group()  # so the sender and the other servers fail now, not at the timeout
+            raise
+        self.staged.add(body.version, tensors, flat)
+        return web.json_response({"staged": len(self.staged.tensors)})
+
+    async def commit_weights(self, request: web.Request) -> web.Response:
+        body = await _body(request, CommitWeightsBody)
+
+        def swap() -> int:
+            count = self.staged.commit(self.gen.model, body.version)
+            self.gen.version = body.version
+            return count
+
+        count = await self.gen.on_model_thread(swap)
+        log.info("committed %d staged tensors as version %d", count, body.version)
+        return web.json_response({"version": body.version})
+
+    async def weights_digest(self, request: web.Request) -> web.Response:
+        digest = await self.gen.on_model_thread(model_digest, self.gen.model)
+        return web.json_response({"version": self.gen.version, "digest": digest})
+
+    def _leave_group(self) -> None:
+        self.staged.clear()
+        if self.group is not None:
+            group, self.group = self.group, None
+            group.close()
 
 
 def _load_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:

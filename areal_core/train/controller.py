@@ -22,9 +22,13 @@ from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
 from areal_core.train.worker import (
     AUTHKEY_ENV,
+    BroadcastWeights,
     Build,
     ComputeLogprobs,
+    FullTensorSpecs,
     Hello,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     LoadCheckpoint,
     Reply,
     SaveCheckpoint,
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.trajectory import Trajectory
+    from areal_core.weights import WeightUpdateMeta
 
 _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show
@@ -44,6 +49,10 @@ _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's dea
 
 class TrainWorkerError(ArealError):
     """A training worker died or a command failed on it; the message carries its log tail."""
+
+
+class WeightGroupError(ArealError):
+    """The weight broadcast group failed; the training workers and their group are intact."""
 
 
 class TrainController:
@@ -214,6 +223,27 @@ class TrainController:
     def load_checkpoint(self, path: str) -> None:
         """Restore a checkpoint written by :meth:`save_checkpoint`."""
         self.step = self._call(LoadCheckpoint(str(path)))
+
+    # ------------------------------------------------------------------ collective weight path
+    def full_tensor_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of every tensor :meth:`broadcast_weights` sends, in order."""
+        return self._call(FullTensorSpecs())
+
+    def join_weight_group(self, meta: WeightUpdateMeta, timeout_s: float) -> None:
+        """Trainer rank 0 joins the broadcast group at ``meta``'s rendezvous (blocks until all members do)."""
+        self._raise_weight_error(self._call(JoinWeightGroup(meta, timeout_s)))
+
+    def broadcast_weights(self, buckets: list[list[str]]) -> None:
+        """Gather the full tensors on every rank; rank 0 broadcasts each bucket of names in order."""
+        self._raise_weight_error(self._call(BroadcastWeights(buckets)))
+
+    def leave_weight_group(self) -> None:
+        self._call(LeaveWeightGroup())
+
+    @staticmethod
+    def _raise_weight_error(error: str | None) -> None:
+        if error is not None:
+            raise WeightGroupError(f"trainer rank 0: {error}")
 
     # ------------------------------------------------------------------ RPC
     def _call(self, cmd: object, timeout: float | None = None) -> Any:

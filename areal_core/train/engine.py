@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.trajectory import Trajectory
+    from areal_core.weights import WeightUpdateMeta
 
 #: Files in a model directory that are weights (not copied next to saved weights by save_hf).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
@@ -150,6 +151,8 @@ class TrainEngine:
         self.model: nn.Module | None = None
         self.ref_model: nn.Module | None = None
         self._owns_process_group = False
+        self._weight_group: tuple[dist.ProcessGroup, dist.Store] | None = None  # rank 0 only
+        self._send_buffers: list[torch.Tensor] = []  # rank 0's bucket buffers (see _pack_bucket)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self) -> None:
@@ -210,7 +213,8 @@ class TrainEngine:
         return dist.get_world_size()
 
     def destroy(self) -> None:
-        """Release the process group if this engine created it."""
+        """Release the weight group, and the process group if this engine created it."""
+        self.leave_weight_group()
         if self._owns_process_group and dist.is_initialized():
             if dist.get_world_size() > 1:
                 try:  # leave together: a peer tearing gloo down early can abort this process
@@ -389,8 +393,112 @@ class TrainEngine:
         saved = lm.state_dict().keys()
         named = [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
         for name, value in named:  # named_parameters() lists a tied weight once
-            full = value.full_tensor() if isinstance(value, DTensor) else value
+            if isinstance(value, DTensor):  # one rank holds it all: no gather, no copy
+                full = value.to_local() if value.device_mesh.size() == 1 else value.full_tensor()
+            else:
+                full = value
             yield name, full.detach().to(dtype) if dtype is not None else full.detach()
+
+    def full_tensor_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of each tensor ``iter_full_tensors(model dtype)`` yields, in order,
+        without gathering anything."""
+        dtype = str(getattr(torch, self.config.model.dtype)).removeprefix("torch.")
+        lm = self.model.lm
+        saved = lm.state_dict().keys()
+        named = [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
+        return [(name, dtype, tuple(value.shape)) for name, value in named]
+
+    def join_weight_group(self, meta: WeightUpdateMeta, timeout_s: float) -> str | None:
+        """Rank 0 joins the inference servers' broadcast group as its rank 0 (other ranks: no-op).
+
+        The rendezvous is ``meta``'s TCPStore (not the training group); the backend comes from
+        ``meta.backend`` through torch's stateless process-group factories. Returns the error
+        message if joining failed (the training group is unaffected), else None.
+        """
+        self.leave_weight_group()
+        if self.rank != 0:
+            return None
+        from torch.distributed import _dist2
+
+        factory = _dist2._BACKENDS.get(meta.backend)
+        if factory is None:
+            return (
+                f"backend {meta.backend!r} has no stateless process-group factory; the platform plugin must "
+                "register one with torch.distributed._dist2.register_backend"
+            )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            store = dist.TCPStore(meta.master_addr, meta.master_port, is_master=False, timeout=timeout)
+            group = factory(dist.PrefixStore(meta.group_name, store), 0, meta.world_size, timeout, self.device)
+        except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
+            return f"joining weight group {meta.group_name!r} failed: {type(exc).__name__}: {exc}"
+        self._weight_group = (group, store)
+        return None
+
+    def broadcast_weights(self, buckets: Sequence[Sequence[str]]) -> str | None:
+        """Collective: every rank gathers the full tensors (``iter_full_tensors``, model dtype) in
+        order; rank 0 packs each bucket of names into one flat tensor and broadcasts it to the
+        weight group, overlapping the next gather with the send.
+
+        A broadcast failure does not stop the gathers (the training group stays consistent):
+        rank 0 leaves the weight group, so the servers fail fast too, and returns the error.
+        """
+        if self.rank == 0 and self._weight_group is None:
+            error: str | None = "rank 0 is not in a weight group; join_weight_group first"
+        else:
+            error = None
+        tensors = self.iter_full_tensors(getattr(torch, self.config.model.dtype))
+        pending: tuple[dist.Work, torch.Tensor] | None = None  # keep the buffer alive until sent
+        for index, names in enumerate(buckets):
+            bucket = [next(tensors) for _ in names]
+            got = [name for name, _ in bucket]
+            if got != list(names):
+                raise ValueError(f"bucket {index} names {list(names)[:3]}... do not match the model's {got[:3]}...")
+            if self.rank != 0 or error is not None:
+                continue
+            try:
+                flat = self._pack_bucket([t for _, t in bucket], index % 2)
+                if pending is not None:
+                    pending[0].wait()
+                pending = (self._weight_group[0].broadcast(flat, 0), flat)
+            except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
+                error = f"broadcasting bucket {index} failed: {type(exc).__name__}: {exc}"
+                self.leave_weight_group()
+        leftover = next(tensors, None)
+        if leftover is not None:
+            raise ValueError(f"{leftover[0]!r} is in no bucket; buckets must cover full_tensor_specs()")
+        if pending is not None and error is None:
+            try:
+                pending[0].wait()
+            except Exception as exc:  # noqa: BLE001 - as above
+                error = f"broadcasting the last bucket failed: {type(exc).__name__}: {exc}"
+                self.leave_weight_group()
+        return error
+
+    def _pack_bucket(self, tensors: list[torch.Tensor], slot: int) -> torch.Tensor:
+        """The tensors' bytes, back to back, in send buffer ``slot`` (two alternate, so one can be
+        filled while the other is sent; kept across updates, so their memory is touched once)."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        while len(self._send_buffers) <= slot:
+            self._send_buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self._send_buffers[slot].numel() < nbytes:
+            self._send_buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        flat, offset = self._send_buffers[slot][:nbytes], 0
+        for t in tensors:  # the layout of ``areal_core.hf_engine.bucket.flatten_bucket``
+            n = t.numel() * t.element_size()
+            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+            offset += n
+        return flat
+
+    def leave_weight_group(self) -> None:
+        """Abort this rank's weight group, if any: peers blocked in it fail instead of waiting."""
+        if self._weight_group is not None:
+            group, _ = self._weight_group
+            self._weight_group = None
+            try:
+                group.abort()
+            except RuntimeError:  # already broken; nothing to release
+                pass
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """Collective; rank 0 writes safetensors + config + tokenizer files into ``path``."""

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.train.engine import TrainEngine
     from areal_core.trajectory import Trajectory
+    from areal_core.weights import WeightUpdateMeta
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
 
@@ -99,6 +100,41 @@ class LoadCheckpoint:
     def run(self, engine: TrainEngine) -> int:
         engine.load_checkpoint(self.path)
         return engine.step
+
+
+@attrs.frozen
+class FullTensorSpecs:
+    """(name, dtype, shape) of every tensor a weight broadcast sends, in order."""
+
+    def run(self, engine: TrainEngine) -> list[tuple[str, str, tuple[int, ...]]]:
+        return engine.full_tensor_specs()
+
+
+@attrs.frozen
+class JoinWeightGroup:
+    """Rank 0 joins the inference servers' broadcast group; returns an error message or None."""
+
+    meta: WeightUpdateMeta
+    timeout_s: float
+
+    def run(self, engine: TrainEngine) -> str | None:
+        return engine.join_weight_group(self.meta, self.timeout_s)
+
+
+@attrs.frozen
+class BroadcastWeights:
+    """All ranks gather, rank 0 broadcasts each bucket of names; returns an error message or None."""
+
+    buckets: list[list[str]]
+
+    def run(self, engine: TrainEngine) -> str | None:
+        return engine.broadcast_weights(self.buckets)
+
+
+@attrs.frozen
+class LeaveWeightGroup:
+    def run(self, engine: TrainEngine) -> None:
+        engine.leave_weight_group()
 
 
 @attrs.frozen

