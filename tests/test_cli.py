@@ -20,7 +20,7 @@ def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
         (["config", "actor.world_size=two"], "actor.world_size: expected an integer, got 'two'"),
         (["config", "rollout.max_head_offpolicyness=-2"], "rollout.max_head_offpolicyness: must be >= 0, got -2"),
         (["config", "gconfig.n_samples=1"], "gconfig.n_samples: 1 samples per prompt, but algorithm 'grpo' needs at least 2"),
-        (["config", "rollout.engine=vllm"], "rollout.engine: engine 'vllm' is not installed; pip install areal-engine-vllm (installed engines: hf)"),
+        (["config", "rollout.engine=sglang"], "rollout.engine: engine 'sglang' is not installed; pip install areal-engine-sglang (installed engines: hf"),
         (["config", "actor.algorithm=ppx"], "actor.algorithm: algorithm 'ppx' is not installed (installed algorithms: "),
         (["config", "platform=npu"], "platform: platform 'npu' is not installed; pip install areal-platform-npu"),
         (["config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
