@@ -1,15 +1,19 @@
 """HTTP client pieces shared by inference-engine clients (``hf``, ``vllm``, ...).
 
-A pause gate that holds async generation between ``pause()`` and ``resume()``, a router that
+:class:`HTTPServerEngine` is their common base. Its parts: a pause gate that holds async generation between ``pause()`` and ``resume()``, a router that
 pins request ids to servers, blocking JSON POSTs (one server or all in parallel) that turn
 failures into one-line errors, and a start-up wait that reports a dead server's log tail.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
+import functools
 import json
+import os
+import secrets
 import threading
 import time
 import urllib.error
@@ -17,10 +21,16 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessHandle, log_tail
+from areal_core.engine import InferenceEngine
+from areal_core.errors import ArealError, ConfigError
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+    from areal_core.scheduler.base import Scheduler
 
 
 class PauseGate:
@@ -149,3 +159,78 @@ def wait_healthy(
                 f"raise it or check {log_file}:\n{log_tail(log_file)}"
             )
         time.sleep(0.2)
+
+
+class HTTPServerEngine(InferenceEngine):
+    """Client half shared by engines whose servers speak HTTP (``hf``, ``vllm``): a bearer token,
+    server addresses, request pinning, the pause gate, parallel control calls, and launching
+    servers through a scheduler. Subclasses describe their server process and routes."""
+
+    server_label: ClassVar[str] = "server"  # for error messages: "<label> 127.0.0.1:port ..."
+    token_env: ClassVar[str] = ""  # env var carrying the bearer token to the server
+    pause_route: ClassVar[str] = ""  # aborts in-flight requests and holds new ones
+    resume_route: ClassVar[str] = ""
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.token = os.environ.get(self.token_env) or secrets.token_hex(16)
+        self.addresses: list[str] = []
+        self._router = Router(1)
+        self._gate = PauseGate()
+
+    @abc.abstractmethod
+    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+        """How to start server ``index`` on ``port`` (its log goes under ``run_dir/logs``)."""
+
+    @abc.abstractmethod
+    def server_is_up(self, address: str) -> bool:
+        """True once the server at ``address`` answers its health check."""
+
+    def launch_servers(self, scheduler: Scheduler) -> list[str]:
+        if not self.config.model.path:
+            raise ConfigError("model.path", f"the {self.name} engine needs a model directory (tiny models: ensure_tiny_model)")
+        run_dir = self.config.run_dir.resolve()
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        started = []
+        for index in range(self.config.rollout.servers):
+            port = free_port()
+            spec = self.server_spec(index, port, run_dir)
+            started.append((f"127.0.0.1:{port}", scheduler.start(spec), Path(spec.log_file or "")))
+        deadline = time.monotonic() + self.config.rollout.server_startup_timeout
+        for address, handle, log_file in started:
+            up = functools.partial(self.server_is_up, address)
+            wait_healthy(up, handle, address, log_file, deadline, self.server_label)
+        self.attach([address for address, _, _ in started])
+        return list(self.addresses)
+
+    def attach(self, addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError("attach() needs at least one server address (host:port)")
+        self.addresses = list(addresses)
+        self._router = Router(len(addresses))
+
+    def health(self) -> list[bool]:
+        return [self.server_is_up(address) for address in self.addresses]
+
+    def pause(self) -> None:
+        self._gate.close()
+        self._broadcast(self.pause_route, {})
+
+    def resume(self) -> None:
+        self._broadcast(self.resume_route, {})
+        self._gate.open()
+
+    def close(self) -> None:
+        """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def _broadcast(self, endpoint: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """POST the same ``body`` to every server."""
+        return self._fan_out(endpoint, [body] * len(self.addresses))
+
+    def _fan_out(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """POST ``bodies[i]`` to server ``i`` (in parallel); raise on the first failure."""
+        timeout = self.config.rollout.request_timeout
+        return fan_out(self.addresses, endpoint, bodies, self._headers(), timeout, self.server_label)

@@ -10,10 +10,7 @@ remaining budget, so one response may carry tokens of two weight versions.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import secrets
 import sys
 import time
 import urllib.request
@@ -22,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
-from areal_core.engine_http import PauseGate, Router, fan_out, wait_healthy
-from areal_core.errors import ArealError, ConfigError
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port
+from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
+from areal_core.engine_http import HTTPServerEngine
+from areal_core.errors import ArealError
+from areal_core.scheduler.base import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
 from areal_engine_vllm.protocol import (
     SERVED_NAME,
@@ -41,9 +38,6 @@ from areal_engine_vllm.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
-    from areal_core.scheduler.base import Scheduler
     from areal_core.weights import WeightUpdateMeta
 
 _LABEL = "vllm server"
@@ -60,51 +54,31 @@ class _Segment:
     finish_reason: str
 
 
-class VLLMEngine(InferenceEngine):
+class VLLMEngine(HTTPServerEngine):
     """Client of ``config.rollout.servers`` vLLM servers started with this plugin's patch."""
 
     name = "vllm"
-
-    def __init__(self, config: Config, platform: Platform) -> None:
-        super().__init__(config, platform)
-        self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
-        self.addresses: list[str] = []
-        self._router = Router(1)
-        self._gate = PauseGate()
+    server_label = _LABEL
+    token_env = TOKEN_ENV
+    pause_route = "/areal/pause"
+    resume_route = "/areal/resume"
 
     # ---------------------------------------------------------------- servers
-    def launch_servers(self, scheduler: Scheduler) -> list[str]:
-        rollout = self.config.rollout
-        if not self.config.model.path:
-            raise ConfigError("model.path", "the vllm engine needs a model directory (tiny models: ensure_tiny_model)")
-        run_dir = self.config.run_dir.resolve()
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        started: list[tuple[str, ProcessHandle, Path]] = []
-        for i in range(rollout.servers):
-            port = free_port()
-            log_file = run_dir / "logs" / f"vllm_server{i}.log"
-            spec = ProcessSpec(
-                name=f"vllm_server{i}",
-                cmd=[sys.executable, *server_command(self.config, port, seed=self.config.seed + i)],
-                env=server_env(self.platform, self.token, run_dir),
-                threads=rollout.threads_per_server,
-                log_file=str(log_file),
-            )
-            started.append((f"127.0.0.1:{port}", scheduler.start(spec), log_file))
-        deadline = time.monotonic() + rollout.server_startup_timeout
-        for address, handle, log_file in started:
-            wait_healthy(functools.partial(_is_up, address), handle, address, log_file, deadline, _LABEL)
-        self.attach([address for address, _, _ in started])
-        return list(self.addresses)
+    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+        return ProcessSpec(
+            name=f"vllm_server{index}",
+            cmd=[sys.executable, *server_command(self.config, port, seed=self.config.seed + index)],
+            env=server_env(self.platform, self.token, run_dir),
+            threads=self.config.rollout.threads_per_server,
+            log_file=str(run_dir / "logs" / f"vllm_server{index}.log"),
+        )
 
-    def attach(self, addresses: list[str]) -> None:
-        if not addresses:
-            raise ValueError("attach() needs at least one server address (host:port)")
-        self.addresses = list(addresses)
-        self._router = Router(len(addresses))
-
-    def health(self) -> list[bool]:
-        return [_is_up(address) for address in self.addresses]
+    def server_is_up(self, address: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
 
     def server_states(self) -> list[ServerState]:
         """Each server's served weight version and pause flag (``GET /areal/state``)."""
@@ -161,14 +135,6 @@ class VLLMEngine(InferenceEngine):
         )
 
     # ---------------------------------------------------------------- control (main thread)
-    def pause(self) -> None:
-        self._gate.close()
-        self._broadcast("/areal/pause", {})
-
-    def resume(self) -> None:
-        self._broadcast("/areal/resume", {})
-        self._gate.open()
-
     def load_weights_from_disk(self, path: str, version: int) -> None:
         self._broadcast("/areal/update_weights_from_disk", to_json(DiskUpdateBody(path=str(path), version=version)))
 
@@ -208,20 +174,6 @@ class VLLMEngine(InferenceEngine):
 
     def commit_weights(self, version: int) -> None:
         self._broadcast("/areal/commit_weights", to_json(VersionBody(version=version)))
-
-    def close(self) -> None:
-        """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
-
-    # ---------------------------------------------------------------- HTTP helpers
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def _broadcast(self, endpoint: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        return self._fan_out(endpoint, [body] * len(self.addresses))
-
-    def _fan_out(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        timeout = self.config.rollout.request_timeout
-        return fan_out(self.addresses, endpoint, bodies, self._headers(), timeout, _LABEL)
 
 
 def _completion_body(prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
