@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
-    python bench/async_vs_sync.py [--steps 20] [--staleness 2]
+    python bench/async_vs_sync.py [--steps 40] [--staleness 2]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -160,7 +160,7 @@ def compare(label: str, slug: str, root: Path, common: list[str], staleness: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--staleness", type=int, default=2)
     args = parser.parse_args()
     common = [
