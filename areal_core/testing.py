@@ -48,3 +48,91 @@ def areal_plugins() -> Iterator[PluginSetFactory]:
 
     yield PluginSetFactory()
     _reset_for_tests()
+
+
+# --------------------------------------------------------------------------- engine test kit
+# Helpers for testing an InferenceEngine against transformers (used by the hf and vllm tests).
+# Heavy imports stay inside the functions: this module is loaded by every pytest session.
+
+
+class LoopThread:
+    """An asyncio loop in a background thread, as the rollout controller runs engines."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Any) -> Any:
+        """Schedule ``coro`` on the loop; returns a ``concurrent.futures.Future``."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    """Poll until ``predicate()``; the deadline only guards against hanging, it asserts no timing."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.005)
+
+
+def greedy_request(prompt: list[int], n: int, **sampling: Any) -> Any:
+    """A greedy :class:`~areal_core.engine.GenerationRequest` for ``n`` new tokens."""
+    from areal_core.engine import GenerationRequest, SamplingParams
+
+    return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True, **sampling))
+
+
+def generate_all(engine: Any, requests: list[Any]) -> list[Any]:
+    """Run ``requests`` concurrently through ``engine.agenerate`` and return the responses in order."""
+    import asyncio
+
+    async def run() -> list[Any]:
+        return list(await asyncio.gather(*(engine.agenerate(r) for r in requests)))
+
+    return asyncio.run(run())
+
+
+def load_model(directory: Any, *, tied: bool | None = None) -> Any:
+    """A float32 transformers model in eval mode (``tied`` overrides the saved tie setting)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    extra = {} if tied is None else {"tie_word_embeddings": tied}
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **extra).eval()
+
+
+def perturbed_model(base: Any, seed: int, scale: float = 0.3, tied: bool | None = None) -> Any:
+    """The model at ``base`` with N(0, scale) noise on every parameter and no end-of-sequence id,
+    so greedy outputs are long and differ between weight versions."""
+    import torch
+
+    model = load_model(base, tied=tied)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale)
+    model.config.eos_token_id = None
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (``n`` tokens)."""
+    import torch
+
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()

@@ -7,13 +7,12 @@ server is shared per module; tests that change its weights restore version 0 aft
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
+from areal_core.engine import GenerationRequest, SamplingParams
+from areal_core.engine_http import Router
 from areal_core.errors import ArealError
 from areal_core.hf_engine.bucket import flatten_bucket, unflatten_bucket
-from areal_core.engine_http import Router
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.generator import sample
 from areal_core.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
+from areal_core.testing import (
+    LoopThread,
+    generate_all,
+    greedy_request,
+    hf_greedy,
+    load_model,
+    perturbed_model,
+    wait_for,
+)
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.weights import WeightUpdateMeta
 
@@ -43,63 +51,12 @@ LOGPROB_ATOL = 1e-4  # fp32 server vs fp32 recomputation; batching changes summa
 # --------------------------------------------------------------------------- helpers
 
 
-def load_model(directory: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-
-
-def perturbed_model(base: Path, seed: int, scale: float = 0.3) -> Any:
-    """The model at ``base`` with N(0, scale) noise on every parameter and no end-of-sequence id."""
-    model = load_model(base)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale)
-    model.config.eos_token_id = None
-    model.generation_config.eos_token_id = None
-    return model
-
-
-def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0)
-    return out[0, len(prompt) :].tolist()
-
-
 def make_config(run_root: Path, model_dir: Path, servers: int = 1) -> Config:
     return Config(
         fileroot=str(run_root),
         model=ModelConfig(path=str(model_dir)),
         rollout=RolloutConfig(servers=servers, server_startup_timeout=120, request_timeout=60),
     )
-
-
-class LoopThread:
-    """An asyncio loop in a background thread, like the rollout controller's."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
-def generate_all(engine: HFEngine, requests: list[GenerationRequest]) -> list[GenerationResponse]:
-    async def run() -> list[GenerationResponse]:
-        return await asyncio.gather(*(engine.agenerate(r) for r in requests))
-
-    return asyncio.run(run())
-
-
-def greedy_request(prompt: list[int], n: int, **kw: Any) -> GenerationRequest:
-    return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True, **kw))
 
 
 def raw_post(address: str, endpoint: str, body: dict, token: str | None) -> tuple[int, dict]:
@@ -112,17 +69,6 @@ def raw_post(address: str, endpoint: str, body: dict, token: str | None) -> tupl
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
-    """Poll until ``predicate()``; a deadline only guards against hanging, it asserts no timing."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -311,10 +257,15 @@ def test_pause_mid_generation_then_new_weights_gives_two_versions(served: Served
     new_model.save_pretrained(v1_dir)
     loop = LoopThread()
     try:
-        future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
-        wait_for(lambda: engine.server_health()[0].running == 1, "the request to start decoding")
-        engine.pause()
-        assert not future.done()  # held by the client while paused
+        for _attempt in range(3):  # on a loaded box the request may finish before pause() lands
+            future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
+            wait_for(lambda: engine.server_health()[0].running == 1 or future.done(), "the request to start decoding")
+            engine.pause()
+            if not future.done():  # held by the client while paused
+                break
+            engine.resume()
+        else:
+            pytest.fail("the request finished before pause() three times in a row")
         engine.load_weights_from_disk(str(v1_dir), 1)
         engine.resume()
         resp = future.result(timeout=60)

