@@ -136,3 +136,19 @@ def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 
     out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, pad_token_id=0)
     return out[0, len(prompt) :].tolist()
+
+
+def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 3) -> Any:
+    """``submit()`` a request and ``engine.pause()`` while it is decoding; returns its pending future.
+
+    ``started()`` tells when the server is decoding it. On a loaded box a request can finish
+    before the pause lands; then the engine is resumed and the request submitted again.
+    """
+    for _ in range(attempts):
+        future = submit()
+        wait_for(lambda: started() or future.done(), "the request to start decoding")
+        engine.pause()
+        if not future.done():  # held by the client while paused
+            return future
+        engine.resume()
+    raise AssertionError(f"the request finished before pause() {attempts} times in a row")

@@ -38,6 +38,7 @@ from areal_core.testing import (
     greedy_request,
     hf_greedy,
     load_model,
+    pause_while_running,
     perturbed_model,
     wait_for,
 )
@@ -257,15 +258,11 @@ def test_pause_mid_generation_then_new_weights_gives_two_versions(served: Served
     new_model.save_pretrained(v1_dir)
     loop = LoopThread()
     try:
-        for _attempt in range(3):  # on a loaded box the request may finish before pause() lands
-            future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
-            wait_for(lambda: engine.server_health()[0].running == 1 or future.done(), "the request to start decoding")
-            engine.pause()
-            if not future.done():  # held by the client while paused
-                break
-            engine.resume()
-        else:
-            pytest.fail("the request finished before pause() three times in a row")
+        future = pause_while_running(
+            engine,
+            lambda: loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n))),
+            lambda: engine.server_health()[0].running == 1,
+        )
         engine.load_weights_from_disk(str(v1_dir), 1)
         engine.resume()
         resp = future.result(timeout=60)

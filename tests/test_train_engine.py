@@ -17,7 +17,11 @@ from areal_core.config import OptimizerConfig, TinyModelSpec, load_config
 from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.engine import TrainEngine, split_minibatches, token_balanced_shares
+from areal_core.train.engine import (
+    TrainEngine,
+    split_minibatches,
+    token_balanced_shares,
+)
 from areal_core.train.optim import lr_factor
 from areal_core.trajectory import Trajectory
 
@@ -172,26 +176,25 @@ def grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
     return {name: p.grad.full_tensor().clone() for name, p in engine.model.lm.named_parameters()}
 
 
-def test_micro_batch_split_does_not_change_the_gradient(process_group, model_path):
+def _assert_same_gradient(model_path, *overrides: str) -> None:
+    """One PPO update under each override gives the same gradients."""
     results = []
-    for max_tokens in (16, 4096):  # many micro-batches vs one
-        engine = make_engine(model_path, f"actor.max_tokens_per_mb={max_tokens}")
+    for override in overrides:
+        engine = make_engine(model_path, override)
         trajs, adv = make_batch(engine)
         engine.ppo_update(trajs, adv)
         results.append(grads(engine))
     for name in results[0]:
         torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-5, atol=1e-7)
+
+
+def test_micro_batch_split_does_not_change_the_gradient(process_group, model_path):
+    # many micro-batches vs one
+    _assert_same_gradient(model_path, "actor.max_tokens_per_mb=16", "actor.max_tokens_per_mb=4096")
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(process_group, model_path):
-    results = []
-    for flag in ("false", "true"):
-        engine = make_engine(model_path, f"model.gradient_checkpointing={flag}")
-        trajs, adv = make_batch(engine)
-        engine.ppo_update(trajs, adv)
-        results.append(grads(engine))
-    for name in results[0]:
-        torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-5, atol=1e-7)
+    _assert_same_gradient(model_path, "model.gradient_checkpointing=false", "model.gradient_checkpointing=true")
 
 
 def test_reference_model_stays_at_initial_weights(process_group, model_path):

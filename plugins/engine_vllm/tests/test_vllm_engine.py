@@ -39,8 +39,8 @@ from areal_core.testing import (
     generate_all,
     greedy_request,
     hf_greedy,
+    pause_while_running,
     perturbed_model,
-    wait_for,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 from areal_core.weights import WeightUpdateMeta  # noqa: E402
@@ -250,15 +250,11 @@ def test_pause_mid_generation_then_update_gives_two_versions(servers: dict[str, 
     new_model.save_pretrained(v1_dir)
     loop = LoopThread()
     try:
-        for _attempt in range(3):  # on a loaded box the request may finish before pause() lands
-            future = loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n)))
-            wait_for(lambda: running_requests(address) >= 1 or future.done(), "the request to start decoding")
-            engine.pause()
-            if not future.done():  # held by the client while paused
-                break
-            engine.resume()
-        else:
-            pytest.fail("the request finished before pause() three times in a row")
+        future = pause_while_running(
+            engine,
+            lambda: loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n))),
+            lambda: running_requests(address) >= 1,
+        )
         engine.load_weights_from_disk(str(v1_dir), 1)
         engine.resume()
         resp = future.result(timeout=120)
