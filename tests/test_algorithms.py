@@ -7,7 +7,7 @@ import math
 import attrs
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from areal_core.algorithm import Algorithm, LossInput
@@ -313,8 +313,15 @@ def test_ratio_one_loss_is_minus_mean_advantage(data):
     )
 
 
+SUBNORMAL_ADVANTAGE = dict(  # once made clip_frac 0: both surrogates underflowed to the same value
+    old=[-1.0] * 6, prox=[-1.0] * 6, new=[-1.0] * 5 + [-1.5], adv=[0.0] + [-1.4e-45] * 5,
+    mask=[True, False, True, True, True, True], seq_ids=[0, 1, 1, 1, 1, 1], ref=[-0.9] * 6,
+)
+
+
 @FEW
 @given(data=flat_batches(), cls=st.sampled_from([GRPO, DAPO, PPO]))
+@example(data=SUBNORMAL_ADVANTAGE, cls=GRPO)
 def test_clipped_tokens_get_no_gradient(data, cls):
     algo = cls(actor(behav_imp_weight_cap=None))
     low, high = algo.clip_range()

@@ -176,5 +176,9 @@ def decoupled_ppo_loss(
     surrogate = ratio * inputs.advantages
     clipped_surrogate = ratio.clamp(1 - options.eps_low, 1 + options.eps_high) * inputs.advantages
     per_token = -weights.applied * torch.minimum(surrogate, clipped_surrogate)
-    terms = PolicyTerms(per_token, ratio, clipped_surrogate < surrogate)
+    # decided from the ratio and the advantage's sign, not by comparing the two products, which
+    # underflow to equal values for subnormal advantages
+    adv = inputs.advantages
+    clipped = ((adv > 0) & (ratio > 1 + options.eps_high)) | ((adv < 0) & (ratio < 1 - options.eps_low))
+    terms = PolicyTerms(per_token, ratio, clipped)
     return finish_loss(terms, weights, inputs, batch, options)
