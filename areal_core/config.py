@@ -82,6 +82,8 @@ class RolloutConfig:
     request_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     server_startup_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     engine_args: dict[str, Any] = attrs.Factory(dict)  # passed through to the engine's server
+    health_check_interval: float = attrs.field(default=5.0, validator=_gt(0))  # seconds between server checks
+    restart_failed: bool = False  # start a replacement when a server dies (it loads the current weights)
 
 
 @frozen
@@ -159,6 +161,15 @@ class RecoverConfig:
 
 
 @frozen
+class RayConfig:
+    """Where the ``ray`` scheduler finds its cluster (``scheduler: ray``)."""
+
+    address: str = "auto"  # "auto" = the cluster started by `ray start --head`; or "ray://host:port"
+    namespace: str = "areal"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+
+@frozen
 class StatsConfig:
     tensorboard: bool = True
     eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
@@ -174,7 +185,7 @@ class Config:
     fileroot: str = "./runs"
     seed: int = 1
     platform: str = "auto"
-    scheduler: Literal["local"] = "local"  # "ray" arrives with the scale-out issue
+    scheduler: Literal["local", "ray"] = "local"
     total_train_steps: int = attrs.field(default=100, validator=_ge(1))
     model: ModelConfig = attrs.Factory(ModelConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
@@ -185,6 +196,7 @@ class Config:
     valid_dataset: DatasetConfig | None = None
     saver: SaverConfig = attrs.Factory(SaverConfig)
     recover: RecoverConfig = attrs.Factory(RecoverConfig)
+    ray: RayConfig = attrs.Factory(RayConfig)
     stats: StatsConfig = attrs.Factory(StatsConfig)
     plugins: dict[str, Any] = attrs.Factory(dict)  # free-form sections read by plugins
 

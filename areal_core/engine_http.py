@@ -23,9 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import attrs
+
 from areal_core.engine import InferenceEngine
 from areal_core.errors import ArealError, ConfigError
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
+from areal_core.scheduler.devices import server_devices
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -195,6 +198,8 @@ class HTTPServerEngine(InferenceEngine):
         for index in range(self.config.rollout.servers):
             port = free_port()
             spec = self.server_spec(index, port, run_dir)
+            if not spec.devices:
+                spec = attrs.evolve(spec, devices=server_devices(self.config, self.platform, index))
             started.append((f"127.0.0.1:{port}", scheduler.start(spec), Path(spec.log_file or "")))
         deadline = time.monotonic() + self.config.rollout.server_startup_timeout
         for address, handle, log_file in started:

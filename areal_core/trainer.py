@@ -15,7 +15,7 @@ import signal
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
@@ -24,6 +24,7 @@ from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore
 from areal_core.resolve import resolve_config
 from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.workflow import Workflow
 from areal_core.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -68,10 +69,27 @@ def order_batch(batch: list[Trajectory]) -> list[Trajectory]:
     return sorted(batch, key=lambda t: (t.prompt_id, t.info.get("epoch", 0), t.info.get("sample_index", 0)))
 
 
-class Trainer:
-    """Builds both planes from a resolved config and runs the training loop."""
+WorkflowFactory = Callable[["_Planes"], Workflow]
 
-    def __init__(self, config: Config, plugins: Plugins | None = None) -> None:
+
+def rlvr_workflow(planes: _Planes) -> Workflow:
+    """The default workflow: sample ``gconfig.n_samples`` completions per prompt, score each."""
+    from areal_core.rollout.rlvr import RLVRWorkflow
+
+    return RLVRWorkflow(planes.tokenizer, planes.config.gconfig, planes.rewards, seed=planes.config.seed)
+
+
+class Trainer:
+    """Builds both planes from a resolved config and runs the training loop.
+
+    ``workflow`` builds the training workflow once the planes are up (it gets the tokenizer, the
+    reward runner, the engine and the config through ``planes``); the default is RLVR.
+    """
+
+    def __init__(
+        self, config: Config, plugins: Plugins | None = None, workflow: WorkflowFactory = rlvr_workflow
+    ) -> None:
+        self.workflow_factory = workflow
         self.plugins = plugins or load_plugins()
         self.config, self.platform = resolve_config(config, self.plugins)
         self.run_dir = self.config.run_dir
@@ -105,7 +123,7 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(dump_yaml(config))
         _stop_on_sigterm()
         with _Planes(config, self.plugins, self.platform) as planes:
-            return _Loop(config, planes, train_items, valid_items).run()
+            return _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes)).run()
 
 
 class _Planes:
@@ -118,14 +136,14 @@ class _Planes:
         from transformers import AutoTokenizer
 
         from areal_core.rollout.reward_runner import RewardRunner
-        from areal_core.scheduler.local import LocalScheduler
+        from areal_core.scheduler import make_scheduler
         from areal_core.train.controller import TrainController
 
         config = self.config
         self._stack = ExitStack()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
-            self.scheduler = self._stack.enter_context(LocalScheduler(self.platform))
+            self.scheduler = self._stack.enter_context(make_scheduler(config, self.platform))
             self.engine = self.plugins.get("engine", config.rollout.engine)(config, self.platform)
             self._stack.callback(self.engine.close)
             self.engine.launch_servers(self.scheduler)
@@ -159,14 +177,16 @@ def _stop_on_sigterm() -> None:
 
 
 class _Loop:
-    def __init__(self, config: Config, planes: _Planes, train_items: list[dict], valid_items: list[dict]) -> None:
+    def __init__(
+        self, config: Config, planes: _Planes, train_items: list[dict], valid_items: list[dict], workflow: Workflow
+    ) -> None:
         from areal_core.rollout.dataloader import PromptLoader
         from areal_core.rollout.rlvr import RLVRWorkflow
 
         self.config, self.planes = config, planes
         self.loader = PromptLoader(train_items, shuffle=config.train_dataset.shuffle, seed=config.seed)
         self.valid_items = valid_items
-        self.workflow = RLVRWorkflow(planes.tokenizer, config.gconfig, planes.rewards, seed=config.seed)
+        self.workflow = workflow
         self.eval_workflow = RLVRWorkflow(
             planes.tokenizer, attrs.evolve(config.gconfig, n_samples=1), planes.rewards, greedy=True
         )

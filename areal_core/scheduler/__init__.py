@@ -1,5 +1,24 @@
 """Schedulers start compute-plane processes (inference servers, training workers)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from areal_core.scheduler.base import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
 
-__all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler"]
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+
+__all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "make_scheduler"]
+
+
+def make_scheduler(config: Config, platform: Platform) -> Scheduler:
+    """The scheduler named by ``config.scheduler``; the controller code above it is the same."""
+    if config.scheduler == "ray":
+        from areal_core.scheduler.ray import RayScheduler
+
+        return RayScheduler(config, platform)
+    from areal_core.scheduler.local import LocalScheduler
+
+    return LocalScheduler(platform)

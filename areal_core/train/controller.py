@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
+from areal_core.scheduler.devices import trainer_devices
 from areal_core.train.worker import (
     AUTHKEY_ENV,
     BroadcastWeights,
@@ -114,7 +115,7 @@ class TrainController:
                 ],
                 env=env,
                 threads=self.config.actor.threads_per_worker,
-                devices=(rank,) if self.platform.device_type != "cpu" else (),
+                devices=trainer_devices(self.config, self.platform, rank),
                 log_file=str(self.log_file(rank)),
             )
             self.handles.append(self.scheduler.start(spec))

@@ -1,0 +1,37 @@
+"""Which accelerator indices each process gets: servers first, then training ranks.
+
+With 2 servers x 2 devices and 4 training ranks on an 8-device node the layout is
+``server0: 0,1  server1: 2,3  trainer0: 4 ... trainer3: 7`` (the seed's "4 + 4"). On the CPU
+platform nothing is assigned; processes share the cores by thread count instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+
+
+def uses_devices(platform: Platform) -> bool:
+    return platform.device_type != "cpu"
+
+
+def server_devices(config: Config, platform: Platform, index: int) -> tuple[int, ...]:
+    """Device indices of inference server ``index`` (``rollout.devices_per_server`` of them)."""
+    if not uses_devices(platform):
+        return ()
+    per = config.rollout.devices_per_server
+    return tuple(range(index * per, (index + 1) * per))
+
+
+def trainer_devices(config: Config, platform: Platform, rank: int) -> tuple[int, ...]:
+    """The one device of training rank ``rank``, after every server's devices."""
+    if not uses_devices(platform):
+        return ()
+    return (config.rollout.servers * config.rollout.devices_per_server + rank,)
+
+
+def devices_needed(config: Config) -> int:
+    return config.rollout.servers * config.rollout.devices_per_server + config.actor.world_size
