@@ -1,6 +1,7 @@
-"""The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``.
+"""The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``, ``areal servers``.
 
-User errors print one line on stderr and exit 2, without a traceback.
+Errors print one line on stderr, without a traceback, and exit 2 (user errors) or 3 (a process of
+the run died: ``ProcessFailedError``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import sys
 from typing import Sequence
 
 from areal_core.errors import ArealError
-
-EXIT_USAGE = 2
 
 
 def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -54,6 +53,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.config import dump_yaml, load_config
+    from areal_core.platform import unavailable_message
     from areal_core.plugins import load_plugins
     from areal_core.resolve import resolve_config
 
@@ -61,7 +61,9 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
     path, overrides = _split_config_args(ns.args)
     plugins = load_plugins()
-    config, _ = resolve_config(load_config(path, overrides), plugins)
+    config, platform = resolve_config(load_config(path, overrides), plugins, require_available=False)
+    if not platform.is_available():  # valid for another machine; a run here fails with this line
+        print(f"areal: warning: platform: {unavailable_message(type(platform), plugins)}", file=sys.stderr)
     load_dataset(config.train_dataset, "train", plugins)  # dataset options and paths are checked too
     if config.valid_dataset is not None:
         load_dataset(config.valid_dataset, "valid", plugins)
@@ -77,6 +79,31 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_servers(ns: argparse.Namespace) -> int:
+    """``areal servers list|add|remove RUN_DIR``: the inference servers of a running job."""
+    from areal_core.control import control_call
+
+    if ns.action == "list":
+        reply = control_call(ns.run_dir, "GET", "/servers")
+    elif ns.action == "add":
+        reply = control_call(ns.run_dir, "POST", "/servers/add", {"count": ns.count})
+    else:
+        if not ns.address:
+            raise ArealError("areal servers remove RUN_DIR ADDRESS: give the host:port to remove (see areal servers list)")
+        reply = control_call(ns.run_dir, "POST", "/servers/remove", {"address": ns.address})
+    if ns.json:
+        print(json.dumps(reply, indent=2))
+    elif ns.action == "list":
+        for row in reply["servers"]:
+            print(f"{row['address']}  {row['state']}")
+    elif ns.action == "add":
+        for address in reply["added"]:
+            print(f"{address}  started; serves after loading the current weights at the next weight sync")
+    else:
+        print(f"{ns.address}  {'removed' if reply['removed'] else 'not part of the fleet'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="areal", description="Asynchronous RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the built-in GRPO trainer")
     p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("servers", help="list, add or remove inference servers of a running job")
+    p.add_argument("action", choices=["list", "add", "remove"])
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the job's run directory (it holds control.json)")
+    p.add_argument("address", nargs="?", help="remove: the server's host:port")
+    p.add_argument("--count", type=int, default=1, help="add: how many servers to start")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_servers)
     return parser
 
 
@@ -98,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ns.func(ns)
     except ArealError as exc:
         print(f"areal: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         print("areal: interrupted", file=sys.stderr)
         return 130

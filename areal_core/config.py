@@ -177,6 +177,20 @@ class StatsConfig:
 
 
 @frozen
+class AgentConfig:
+    """Agentic RL through the OpenAI-compatible proxy (:mod:`areal_core.agent`, docs/agents.md)."""
+
+    command: list[str] = attrs.Factory(list)  # agent program run per sample; empty: an async function
+    host: str = "127.0.0.1"  # where the proxy listens
+    port: int = attrs.field(default=0, validator=[_ge(0), _le(65535)])  # 0 = any free port
+    gamma: float = attrs.field(default=1.0, validator=[_gt(0), _le(1)])  # turn discount
+    export: Literal["individual", "concat"] = "concat"  # one trajectory per completion, or per chain
+    timeout: float = attrs.field(default=300.0, validator=_gt(0))  # seconds per agent run
+    max_body_bytes: int = attrs.field(default=1 << 20, validator=_ge(1024))  # larger requests get 413
+    chat_template: str = ""  # Jinja template replacing the tokenizer's for proxied chats
+
+
+@frozen
 class Config:
     """The whole run. Outputs go to ``{fileroot}/{experiment_name}/{trial_name}/``."""
 
@@ -198,6 +212,7 @@ class Config:
     recover: RecoverConfig = attrs.Factory(RecoverConfig)
     ray: RayConfig = attrs.Factory(RayConfig)
     stats: StatsConfig = attrs.Factory(StatsConfig)
+    agent: AgentConfig = attrs.Factory(AgentConfig)
     plugins: dict[str, Any] = attrs.Factory(dict)  # free-form sections read by plugins
 
     @property
@@ -392,8 +407,10 @@ def check_config(config: Config) -> None:
             f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
             "clip-higher must be >= eps_clip",
         )
-    if config.model.path and not Path(config.model.path).exists():
-        raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory or leave it empty for the tiny model")
+    from areal_core.hub import is_hub_id
+
+    if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
+        raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")
     for key in ("experiment_name", "trial_name"):
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import attrs
@@ -17,7 +18,7 @@ import attrs
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
-    from areal_core.scheduler.base import Scheduler
+    from areal_core.scheduler.base import ProcessHandle, Scheduler
     from areal_core.weights import WeightUpdateMeta
 
 StopReason = Literal["stop", "length", "abort"]
@@ -109,3 +110,46 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release client resources (servers are stopped by their scheduler)."""
+
+    # ------------------------------------------------------------ elastic fleet (optional)
+    # Engines whose servers can come and go (every HTTPServerEngine) override these; the
+    # defaults describe a fixed fleet. The fleet manager (areal_core.rollout.fleet) drives them.
+
+    def members(self) -> tuple[str, ...]:
+        """Addresses of the servers that receive control calls (weights, version); () if unknown."""
+        return ()
+
+    def pending_servers(self) -> tuple[str, ...]:
+        """Servers started at run time that wait for the next ``join_pending``."""
+        return ()
+
+    async def agenerate_on(self, address: str, request: GenerationRequest) -> GenerationResponse:
+        """``agenerate`` on the server at ``address`` (to probe one server)."""
+        raise NotImplementedError(f"engine {self.name!r} cannot address one server")
+
+    def start_server(self, scheduler: Scheduler | None = None) -> str:
+        """Start one more server; it waits, without traffic, for the next ``join_pending``."""
+        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+
+    def add_server(self, address: str) -> None:
+        """Queue an already-running server at ``address`` to join at the next ``join_pending``."""
+        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+
+    def remove_server(self, address: str, reason: str = "removed") -> bool:
+        """Take ``address`` out of the fleet (and stop it if this engine started it)."""
+        raise NotImplementedError(f"engine {self.name!r} cannot remove servers at run time")
+
+    def server_lost(self, address: str) -> bool:
+        """Whether the server at ``address`` is gone for good (a fixed fleet never loses one)."""
+        return False
+
+    def join_pending(self) -> list[str]:
+        """Make queued servers members without traffic (generation paused); returns them."""
+        return []
+
+    def open_traffic(self, addresses: Sequence[str], version: int) -> None:
+        """Route requests to ``addresses``, which now serve weight ``version``."""
+
+    def server_handles(self) -> list[ProcessHandle]:
+        """Every server process this engine started (the fleet, not the trainer, handles their exit)."""
+        return []

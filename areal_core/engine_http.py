@@ -3,6 +3,13 @@
 :class:`HTTPServerEngine` is their common base. Its parts: a pause gate that holds async generation between ``pause()`` and ``resume()``, a router that
 pins request ids to servers, blocking JSON POSTs (one server or all in parallel) that turn
 failures into one-line errors, and a start-up wait that reports a dead server's log tail.
+
+It also keeps the fleet elastic, the same way for every engine: a server found lost (its process
+exited, or unreachable for ``LOST_GRACE_S``) is dropped from the members, a request running there
+is re-submitted to a live server as prompt + the output received so far (``_on_live_server``),
+and a control call reaching a lost server succeeds on the survivors. A server started at run time
+(``start_server``) waits in ``pending`` until the next weight sync (``join_pending``), and gets
+traffic only after it serves the current weights (``open_traffic``).
 """
 
 from __future__ import annotations
@@ -12,20 +19,21 @@ import asyncio
 import collections
 import functools
 import json
+import logging
 import os
 import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
-from areal_core.engine import InferenceEngine
+from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.errors import ArealError, ConfigError
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
 from areal_core.scheduler.devices import server_devices
@@ -34,6 +42,15 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.scheduler.base import Scheduler
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: A server whose process is gone, or that stays unreachable this long, is lost.
+LOST_GRACE_S = 5.0
+
+#: ``HTTPServerEngine.on_event(kind, fields)``: fleet changes, for the ledger and the fleet manager.
+FleetEvent = Callable[[str, dict[str, Any]], None]
 
 
 class PauseGate:
@@ -74,21 +91,28 @@ def _release(future: asyncio.Future) -> None:
 
 
 class Router:
-    """Pins each request id to one server; a new id goes to the least-loaded server (round robin on ties)."""
+    """Pins each request id to one server slot; a new id goes to the least-loaded open slot (round
+    robin on ties). Slots are only added (``add``); a closed slot gets no requests, and ids pinned
+    to it move to an open one."""
 
     def __init__(self, n_servers: int, max_pins: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._load = [0] * n_servers
+        self._open = [True] * n_servers
         self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._next = 0
         self._max_pins = max_pins
 
-    def acquire(self, request_id: str) -> int:
+    def acquire(self, request_id: str) -> int | None:
+        """The slot for ``request_id`` (its load counted until ``release``); None while no slot is open."""
         with self._lock:
             server = self._pins.get(request_id)
-            if server is None:
+            if server is None or not self._open[server]:
                 n = len(self._load)
-                server = min(range(n), key=lambda i: (self._load[i], (i - self._next) % n))
+                candidates = [i for i in range(n) if self._open[i]]
+                if not candidates:
+                    return None
+                server = min(candidates, key=lambda i: (self._load[i], (i - self._next) % n))
                 self._next = (server + 1) % n
                 if len(self._pins) >= self._max_pins:
                     self._pins.popitem(last=False)
@@ -100,6 +124,41 @@ class Router:
     def release(self, server: int) -> None:
         with self._lock:
             self._load[server] -= 1
+
+    def add(self, *, open_: bool = True) -> int:
+        """A new slot; returns its index."""
+        with self._lock:
+            self._load.append(0)
+            self._open.append(open_)
+            return len(self._load) - 1
+
+    def set_open(self, server: int, open_: bool) -> None:
+        with self._lock:
+            self._open[server] = open_
+
+    def pin(self, request_id: str, server: int) -> None:
+        """Send ``request_id`` to ``server`` (e.g. to probe one server)."""
+        with self._lock:
+            self._pins[request_id] = server
+
+
+def answers_ok(address: str, endpoint: str = "/health", timeout: float = 1.0) -> bool:
+    """True if ``GET http://{address}{endpoint}`` answers 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{endpoint}", timeout=timeout) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def get_json(address: str, endpoint: str, headers: dict[str, str], timeout: float, label: str) -> dict[str, Any]:
+    """``GET http://{address}{endpoint}`` as JSON; ArealError naming ``label`` on failure."""
+    request = urllib.request.Request(f"http://{address}{endpoint}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise ArealError(f"{label} {address} {endpoint} failed: {exc}") from None
 
 
 def post_json(
@@ -177,9 +236,19 @@ class HTTPServerEngine(InferenceEngine):
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)
         self.token = os.environ.get(self.token_env) or secrets.token_hex(16)
-        self.addresses: list[str] = []
-        self._router = Router(1)
+        self.addresses: list[str] = []  # members: every control call (pause, weights, version) goes to them
+        self.pending: list[str] = []  # started, waiting for the next weight sync (join_pending)
+        self.on_event: FleetEvent | None = None
+        self._slots: list[str] = []  # router slot -> address (slots are never reused)
+        self._router = Router(0)
         self._gate = PauseGate()
+        self._members_lock = threading.RLock()
+        self._scheduler: Scheduler | None = None
+        self._handles: dict[str, ProcessHandle] = {}  # address -> process, for servers this engine started
+        self._device_slots: dict[str, int] = {}  # address -> the device slot it holds (server_devices)
+        self._free_device_slots: list[int] = []  # of lost servers: a replacement takes one
+        self._started = 0  # servers started so far (names them)
+        self._processes: list[ProcessHandle] = []  # every server process started, lost ones too
 
     @abc.abstractmethod
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
@@ -192,15 +261,8 @@ class HTTPServerEngine(InferenceEngine):
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
         if not self.config.model.path:
             raise ConfigError("model.path", f"the {self.name} engine needs a model directory (tiny models: ensure_tiny_model)")
-        run_dir = self.config.run_dir.resolve()
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        started = []
-        for index in range(self.config.rollout.servers):
-            port = free_port()
-            spec = self.server_spec(index, port, run_dir)
-            if not spec.devices:
-                spec = attrs.evolve(spec, devices=server_devices(self.config, self.platform, index))
-            started.append((f"127.0.0.1:{port}", scheduler.start(spec), Path(spec.log_file or "")))
+        self._scheduler = scheduler
+        started = [self._spawn(scheduler, device_slot=i) for i in range(self.config.rollout.servers)]
         deadline = time.monotonic() + self.config.rollout.server_startup_timeout
         for address, handle, log_file in started:
             up = functools.partial(self.server_is_up, address)
@@ -208,14 +270,169 @@ class HTTPServerEngine(InferenceEngine):
         self.attach([address for address, _, _ in started])
         return list(self.addresses)
 
+    def _spawn(self, scheduler: Scheduler, device_slot: int) -> tuple[str, ProcessHandle, Path]:
+        run_dir = self.config.run_dir.resolve()
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        index, self._started = self._started, self._started + 1
+        port = free_port()
+        spec = self.server_spec(index, port, run_dir)
+        if not spec.devices:
+            spec = attrs.evolve(spec, devices=server_devices(self.config, self.platform, device_slot))
+        address = f"127.0.0.1:{port}"
+        handle = scheduler.start(spec)
+        self._handles[address], self._device_slots[address] = handle, device_slot
+        self._processes.append(handle)
+        return address, handle, Path(spec.log_file or "")
+
     def attach(self, addresses: list[str]) -> None:
         if not addresses:
             raise ValueError("attach() needs at least one server address (host:port)")
-        self.addresses = list(addresses)
-        self._router = Router(len(addresses))
+        with self._members_lock:
+            self.addresses = list(addresses)
+            self.pending = []
+            self._slots = list(addresses)
+            self._router = Router(len(addresses))
 
     def health(self) -> list[bool]:
         return [self.server_is_up(address) for address in self.addresses]
+
+    # ---------------------------------------------------------------- fleet membership
+    def members(self) -> tuple[str, ...]:
+        with self._members_lock:
+            return tuple(self.addresses)
+
+    def pending_servers(self) -> tuple[str, ...]:
+        with self._members_lock:
+            return tuple(self.pending)
+
+    async def agenerate_on(self, address: str, request: GenerationRequest) -> GenerationResponse:
+        with self._members_lock:
+            if address not in self._slots:
+                raise ArealError(f"{self.server_label} {address} is not part of the fleet")
+            self._router.pin(request.request_id, self._slots.index(address))
+        return await self.agenerate(request)
+
+    def start_server(self, scheduler: Scheduler | None = None) -> str:
+        """Start one more server like ``launch_servers`` does, wait until it is up, queue it in ``pending``."""
+        scheduler = scheduler or self._scheduler
+        if scheduler is None:
+            raise ArealError(f"start_server(): this {self.name} engine launched no servers; pass a scheduler")
+        with self._members_lock:
+            slot = self._free_device_slots.pop(0) if self._free_device_slots else self._started
+        address, handle, log_file = self._spawn(scheduler, device_slot=slot)
+        deadline = time.monotonic() + self.config.rollout.server_startup_timeout
+        try:
+            wait_healthy(functools.partial(self.server_is_up, address), handle, address, log_file, deadline, self.server_label)
+        except ArealError:
+            self._forget(address, stop=True)
+            raise
+        self.add_server(address)
+        return address
+
+    def add_server(self, address: str) -> None:
+        """Queue a running server at ``address``; it joins at the next ``join_pending`` (a weight sync)."""
+        with self._members_lock:
+            if address in self.addresses or address in self.pending:
+                raise ArealError(f"{self.server_label} {address} is already part of the fleet")
+            self.pending.append(address)
+        self._emit("server_added", address=address)
+
+    def join_pending(self) -> list[str]:
+        """Make the pending servers members (control calls reach them) without traffic; returns them.
+
+        Call with generation paused, then sync the weights and the version, then ``open_traffic``.
+        """
+        with self._members_lock:
+            joined, self.pending = self.pending, []
+            for address in joined:
+                self.addresses.append(address)
+                self._slots.append(address)
+                self._router.add(open_=False)
+        return joined
+
+    def open_traffic(self, addresses: Sequence[str], version: int) -> None:
+        """Route requests to ``addresses`` (members now serving weight version ``version``)."""
+        with self._members_lock:
+            for address in addresses:
+                if address in self.addresses:
+                    self._router.set_open(self._slots.index(address), True)
+                    self._emit("server_joined", address=address, version=version)
+
+    def remove_server(self, address: str, reason: str = "removed") -> bool:
+        """Stop sending anything to ``address`` and stop its process if this engine started it.
+
+        Returns False if it was not part of the fleet (e.g. already removed by another caller).
+        """
+        known = self._forget(address, stop=True)
+        if known:
+            self._emit("server_lost" if reason != "removed" else "server_removed", address=address, reason=reason)
+        return known
+
+    def _forget(self, address: str, *, stop: bool) -> bool:
+        with self._members_lock:
+            known = address in self.addresses or address in self.pending
+            if address in self.addresses:
+                self.addresses.remove(address)
+            if address in self.pending:
+                self.pending.remove(address)
+            if address in self._slots:
+                self._router.set_open(self._slots.index(address), False)
+            handle = self._handles.pop(address, None)
+            slot = self._device_slots.pop(address, None)
+            if slot is not None:
+                self._free_device_slots.append(slot)
+        if stop and handle is not None:
+            handle.stop(timeout=5.0)
+        return known
+
+    def server_handles(self) -> list[ProcessHandle]:
+        with self._members_lock:
+            return list(self._processes)
+
+    def server_lost(self, address: str) -> bool:
+        """True if the server's process has exited, or (without a process handle) it stays
+        unreachable for ``LOST_GRACE_S``; False as soon as it answers its health check."""
+        handle = self._handles.get(address)
+        deadline = time.monotonic() + LOST_GRACE_S
+        while True:
+            if handle is not None and not handle.alive():
+                return True
+            if self.server_is_up(address):
+                return False
+            if time.monotonic() > deadline:
+                return handle is None
+            time.sleep(0.2)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        logger.warning("%s %s: %s", self.server_label, kind, fields)
+        if self.on_event is not None:
+            self.on_event(kind, fields)
+
+    async def _on_live_server(self, request_id: str, call: Callable[[str], Awaitable[T]]) -> T:
+        """``await call(address)`` on the server ``request_id`` is routed to. If that server is lost
+        meanwhile, it leaves the fleet and ``call`` runs again on a live one (the caller's body
+        carries the prompt and the output received so far); while no server is open, wait."""
+        import aiohttp
+
+        moved_from: str | None = None
+        while True:
+            slot = self._router.acquire(request_id)
+            if slot is None:  # every server lost: a replacement may be on its way
+                await asyncio.sleep(0.2)
+                continue
+            address = self._slots[slot]
+            if moved_from is not None:
+                self._emit("resubmitted", request_id=request_id, from_server=moved_from, to_server=address)
+                moved_from = None
+            try:
+                return await call(address)
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                if not await asyncio.to_thread(self.server_lost, address):
+                    raise
+                await asyncio.to_thread(self.remove_server, address, f"lost while serving: {type(exc).__name__}")
+                moved_from = address
+            finally:
+                self._router.release(slot)
 
     def pause(self) -> None:
         self._gate.close()
@@ -232,10 +449,35 @@ class HTTPServerEngine(InferenceEngine):
         return {"Authorization": f"Bearer {self.token}"}
 
     def _broadcast(self, endpoint: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """POST the same ``body`` to every server."""
-        return self._fan_out(endpoint, [body] * len(self.addresses))
+        """POST the same ``body`` to every member."""
+        return self._fan_out(endpoint, [body] * len(self.members()))
 
     def _fan_out(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """POST ``bodies[i]`` to server ``i`` (in parallel); raise on the first failure."""
+        """POST ``bodies[i]`` to member ``i`` (in parallel); the replies of the members that answered.
+
+        A member that fails and is lost leaves the fleet; any other failure raises.
+        """
+        addresses = list(self.members())
+        if not self._slots:
+            raise ArealError(f"no {self.server_label}s attached; call launch_servers() or attach() first")
+        if len(bodies) != len(addresses):
+            raise ArealError(f"{endpoint}: the {self.server_label}s changed while the call was prepared; retry it")
+        if not addresses:
+            return []
         timeout = self.config.rollout.request_timeout
-        return fan_out(self.addresses, endpoint, bodies, self._headers(), timeout, self.server_label)
+        with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+            futures = [
+                pool.submit(post_json, address, endpoint, body, self._headers(), timeout, self.server_label)
+                for address, body in zip(addresses, bodies)
+            ]
+        replies, failures = [], []
+        for address, future in zip(addresses, futures):
+            try:
+                replies.append(future.result())
+            except ArealError as exc:
+                failures.append((address, exc))
+        for address, exc in failures:
+            if not self.server_lost(address):
+                raise exc
+            self.remove_server(address, f"lost during {endpoint}")
+        return replies

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class ArealError(Exception):
-    """Base of user-facing errors; the CLI prints ``str(err)`` on one line and exits 2."""
+    """Base of user-facing errors; the CLI prints ``str(err)`` on one line and exits ``exit_code``."""
+
+    exit_code: ClassVar[int] = 2  # fix the input, then run again: the launcher does not restart
+
+
+class ProcessFailedError(ArealError):
+    """A server or training worker of the run died or failed. Exit code 3: with
+    ``recover.mode=auto`` the launcher restarts the run from its last recover point."""
+
+    exit_code: ClassVar[int] = 3
 
 
 class ConfigError(ArealError):

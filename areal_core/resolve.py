@@ -29,9 +29,13 @@ def _get_dotted(config: Config, key: str) -> str | None:
     return node
 
 
-def resolve_config(config: Config, plugins: Plugins) -> tuple[Config, Platform]:
-    """Check ``config`` against the installed plugins; return the final config and its platform."""
-    platform = resolve_platform(config.platform, plugins)
+def resolve_config(config: Config, plugins: Plugins, *, require_available: bool = True) -> tuple[Config, Platform]:
+    """Check ``config`` against the installed plugins; return the final config and its platform.
+
+    ``require_available=False`` (``areal config``) accepts a platform this machine cannot run, so a
+    config for another machine validates here; every run path keeps the default.
+    """
+    platform = resolve_platform(config.platform, plugins, config.plugins, require_available=require_available)
     for key, kind in SELECTED_NAMES:
         name = _get_dotted(config, key)
         if name is None:

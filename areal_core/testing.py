@@ -152,3 +152,29 @@ def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 
             return future
         engine.resume()
     raise AssertionError(f"the request finished before pause() {attempts} times in a row")
+
+
+def save_tokenizer_without_eos(base: Any, out: Any) -> None:
+    """Save ``base``'s tokenizer to ``out`` without an end-of-sequence token: servers that stop at
+    the tokenizer's eos (vLLM) then run every request to its budget, like :func:`perturbed_model`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(out)
+
+
+def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: float = 1e-3) -> None:
+    """Each of ``tokens`` is a (near-)argmax of ``model`` given everything before it.
+
+    Teacher-forced, so one near-tie between two fp32 implementations cannot derail the rest of a
+    long sequence, while tokens chosen by other weights (e.g. stale ones) still fail.
+    """
+    import torch
+
+    ids = torch.tensor([prefix + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prefix) - 1 : -1].float()
+    chosen = logits.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+    gaps = logits.max(-1).values - chosen
+    assert float(gaps.max()) <= tol, f"token {int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"

@@ -104,8 +104,11 @@ class Trainer:
         return train, valid
 
     def _model_path(self, items: list[dict[str, Any]]) -> str:
-        if self.config.model.path:
-            return self.config.model.path
+        from areal_core.hub import is_hub_id, snapshot
+
+        if self.config.model.path:  # a hub id becomes its local snapshot: servers load directories
+            path = self.config.model.path
+            return str(snapshot(path, "model.path")) if is_hub_id(path) else path
         from areal_core.datasets import corpus
         from areal_core.tiny_model import ensure_tiny_model
 
@@ -135,6 +138,9 @@ class _Planes:
     def __enter__(self) -> _Planes:
         from transformers import AutoTokenizer
 
+        from areal_core.control import ControlServer
+        from areal_core.rollout.fleet import ServerFleet
+        from areal_core.rollout.ledger import LEDGER_FILE, Ledger
         from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler import make_scheduler
         from areal_core.train.controller import TrainController
@@ -153,6 +159,10 @@ class _Planes:
             self.updater = self.plugins.get("weight_updater", config.actor.weight_update)(config, self.platform)
             self.updater.connect(self.trainer, self.engine)
             self._stack.callback(self.updater.close)
+            self.ledger = Ledger(config.run_dir / LEDGER_FILE)  # appended to across restarts
+            self._stack.callback(self.ledger.close)
+            self.fleet = self._stack.enter_context(ServerFleet(self.engine, config, self.ledger))
+            self._stack.enter_context(ControlServer(self.fleet, config.run_dir))  # `areal servers ...`
             reward_fn = self.plugins.get("reward", config.reward.name)
             self.rewards = self._stack.enter_context(
                 RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout)
@@ -165,6 +175,10 @@ class _Planes:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the planes stop, before the servers (e.g. a workflow's agent proxy)."""
+        self._stack.callback(callback)
 
 
 def _stop_on_sigterm() -> None:
@@ -201,7 +215,9 @@ class _Loop:
         re-queues the items that were in flight when the recover point was written.
         """
         info = self.recover.latest() if self.config.recover.mode == "auto" else None
-        self.rollout = RolloutController.from_config(self.planes.engine, self.config, version=info.version if info else 0)
+        version = info.version if info else 0
+        self.rollout = RolloutController.from_config(self.planes.engine, self.config, version, self.planes.ledger)
+        self.planes.ledger.record("start", version=version, dataset_size=len(self.loader), recovered=info is not None)
         if info is None:
             return 0
         self.planes.trainer.load_checkpoint(str(info.checkpoint))
@@ -226,14 +242,23 @@ class _Loop:
         return _mean(self.rollout.run(all_items()))
 
     def _next_batch(self) -> list[Trajectory]:
-        """``prepare_batch``, checking between waits that every server and worker is still up."""
+        """``prepare_batch``, checking between waits that the workers are up and servers are serving."""
         while True:
             try:
                 return self.rollout.prepare_batch(
                     self.loader, self.workflow, self.config.train_dataset.batch_size, timeout=LIVENESS_POLL_S
                 )
             except TimeoutError:
-                self.planes.scheduler.check_alive()
+                self._tend_fleet()
+
+    def _tend_fleet(self) -> None:
+        """A dead training worker stops the run; lost servers are the fleet's (it raises when none
+        is left), and a server waiting to join loads the current weights now, not after the step."""
+        fleet = self.planes.fleet
+        self.planes.scheduler.check_alive(exclude=fleet.server_handles())
+        fleet.ensure_serving()
+        if fleet.has_pending():
+            self._update_weights(self.rollout.version)
 
     def _train_on(self, batch: list[Trajectory]) -> dict[str, float]:
         import torch
@@ -259,9 +284,8 @@ class _Loop:
         rollout = self.rollout
         start = time.perf_counter()
         rollout.pause()
-        try:
-            self.planes.updater.update(version)
-            rollout.set_version(version)
+        try:  # servers that joined get the weights too; one lost meanwhile is left out
+            self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)
         finally:
             rollout.resume()
         return time.perf_counter() - start

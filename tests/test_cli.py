@@ -29,7 +29,9 @@ def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message):
-    result = _areal(*args)
+    import os
+
+    result = _areal(*args, env={**os.environ, "AREAL_PLUGINS": "reshard_disk"})  # whatever else is installed
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()

@@ -8,6 +8,7 @@ both sides holds generation between ``pause()`` and ``resume()``.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -89,30 +90,29 @@ class HFEngine(HTTPServerEngine):
         output_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        server = self._router.acquire(request.request_id)
         timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
-                while True:
-                    await self._gate.wait()
-                    body = GenerateBody(
-                        rid=request.request_id,
-                        input_ids=request.input_ids + output_ids,
-                        max_new_tokens=params.max_new_tokens - len(output_ids),
-                        temperature=params.temperature,
-                        top_p=params.top_p,
-                        greedy=params.greedy,
-                        stop_token_ids=list(params.stop_token_ids),
-                        seed=params.seed,
-                    )
-                    result = await self._agenerate_once(session, self.addresses[server], body)
-                    output_ids += result.output_ids
-                    logprobs += result.logprobs
-                    versions += result.versions
-                    if result.stop_reason != "abort":  # aborted by pause(): wait, then continue
-                        break
-        finally:
-            self._router.release(server)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+            while True:
+                await self._gate.wait()
+                body = GenerateBody(
+                    rid=request.request_id,
+                    input_ids=request.input_ids + output_ids,
+                    max_new_tokens=params.max_new_tokens - len(output_ids),
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    greedy=params.greedy,
+                    stop_token_ids=list(params.stop_token_ids),
+                    seed=params.seed,
+                )
+                # A lost server's segment re-runs on a live one from prompt + output so far.
+                result = await self._on_live_server(
+                    request.request_id, functools.partial(self._agenerate_once, session, body=body)
+                )
+                output_ids += result.output_ids
+                logprobs += result.logprobs
+                versions += result.versions
+                if result.stop_reason != "abort":  # aborted by pause(): wait, then continue
+                    break
         return GenerationResponse(
             input_ids=list(request.input_ids),
             output_ids=output_ids,

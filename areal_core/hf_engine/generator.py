@@ -187,6 +187,13 @@ class Generator:
             seq.finish("abort")
         return aborted + len(started)
 
+    def abort_queued(self) -> int:
+        """End every queued request with stop reason "abort" (those that never ran: no tokens)."""
+        queued, self._queue = list(self._queue), collections.deque()
+        for seq in queued:
+            seq.finish("abort")
+        return len(queued)
+
     def resume(self) -> None:
         self._unpaused.set()
 

@@ -7,7 +7,6 @@ the generator's model thread, between decode steps.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import logging
 from pathlib import Path
@@ -161,18 +160,23 @@ class WeightGroup:
     """This server's membership in the trainer's broadcast group (trainer rank 0 sends)."""
 
     def __init__(self, body: WeightGroupBody, timeout_s: float) -> None:
-        import torch.distributed as dist
+        from areal_core.collective import join_weight_group
 
         if body.backend != "gloo":
-            raise ValueError(f"backend {body.backend!r} is not supported by the hf server; use 'gloo'")
+            raise ValueError(f"backend {body.backend!r} is not supported by the hf server (it runs on CPU); use 'gloo'")
         if not 0 < body.rank_offset < body.world_size:
             raise ValueError(f"rank_offset {body.rank_offset} must be in [1, world_size={body.world_size})")
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(body.master_addr, body.master_port, body.world_size, is_master=False, timeout=timeout)
         self.rank = body.rank_offset
-        prefixed = dist.PrefixStore(body.group_name, store)
-        self.group = dist.ProcessGroupGloo(prefixed, self.rank, body.world_size, timeout)
-        self.store = store  # the group keeps using it
+        self.group, self.store = join_weight_group(  # the group keeps using the store
+            backend=body.backend,
+            master_addr=body.master_addr,
+            master_port=body.master_port,
+            group_name=body.group_name,
+            rank=self.rank,
+            world_size=body.world_size,
+            timeout_s=timeout_s,
+            device=torch.device("cpu"),
+        )
         log.info("joined weight group %r as rank %d/%d", body.group_name, self.rank, body.world_size)
 
     def receive(self, body: ReceiveWeightsBody, flat: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -193,7 +193,7 @@ class _Routes:
             group.close()
 
 
-def _load_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
+def load_served_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
     """The model in eval mode, its end-of-sequence ids and a pad id."""
     from transformers import AutoModelForCausalLM
 
@@ -209,10 +209,16 @@ def _load_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
 
 def build_app(args: argparse.Namespace, token: str) -> web.Application:
     torch.set_num_threads(int(os.environ.get("AREAL_NUM_THREADS", "1")))
-    model, eos, pad = _load_model(args.model, args.dtype)
+    model, eos, pad = load_served_model(args.model, args.dtype)
     generator = Generator(model, eos_ids=eos, pad_id=pad, max_batch_size=args.max_batch_size, seed=args.seed)
     app = web.Application(middlewares=[_auth_middleware(token)], client_max_size=1 << 26)
     _Routes(generator, Path(args.allowed_root), args.group_timeout).add_to(app)
+    run_generator_with(app, generator)
+    return app
+
+
+def run_generator_with(app: web.Application, generator: Generator) -> None:
+    """Run ``generator``'s batching loop for as long as ``app`` serves."""
 
     async def run_generator(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(generator.serve_forever())
@@ -220,7 +226,6 @@ def build_app(args: argparse.Namespace, token: str) -> web.Application:
         task.cancel()
 
     app.cleanup_ctx.append(run_generator)
-    return app
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,8 @@ def parse_script_args(argv: Sequence[str] | None = None) -> Config:
 
 
 def script_main(main: Callable[[Config], object], argv: Sequence[str] | None = None) -> None:
-    """Run ``main(config)`` for a training script; user errors print one line and exit 2."""
+    """Run ``main(config)`` for a training script; errors print one line and exit with their
+    ``exit_code`` (2: fix the input; 3: a process of the run died, the launcher may restart it)."""
     import logging
     import sys
 
@@ -29,7 +30,7 @@ def script_main(main: Callable[[Config], object], argv: Sequence[str] | None = N
         main(parse_script_args(argv))
     except ArealError as exc:
         print(f"areal: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("areal: interrupted; servers and workers stopped", file=sys.stderr)
         sys.exit(130)

@@ -2,8 +2,9 @@
 
 Validates the config, then runs SCRIPT as the controller process. Ctrl-C or SIGTERM stops the
 controller, which stops its servers and workers; a controller killed outright takes its children
-with it (they run with a parent-death signal). With ``recover.mode=auto`` a failed run is restarted
-up to ``recover.retries`` times and resumes from its last recover point.
+with it (they run with a parent-death signal). With ``recover.mode=auto`` a failed run (a dead
+server or training worker exits 3, a crash 1) is restarted up to ``recover.retries`` times and
+resumes from its last recover point; bad input (exit 2) and an interrupt (130) are not retried.
 """
 
 from __future__ import annotations

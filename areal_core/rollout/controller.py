@@ -18,6 +18,8 @@ import attrs
 
 from areal_core.config import Config
 from areal_core.engine import InferenceEngine
+from areal_core.rollout.dataloader import EPOCH_KEY
+from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.rollout.workflow import Workflow
 from areal_core.trajectory import Trajectory
@@ -49,9 +51,12 @@ class _Episode:
 
 
 class RolloutController:
-    def __init__(self, engine: InferenceEngine, staleness: StalenessManager) -> None:
+    """See the module docstring; with a ``ledger``, every episode's lifecycle is appended to it."""
+
+    def __init__(self, engine: InferenceEngine, staleness: StalenessManager, ledger: Ledger | None = None) -> None:
         self.engine = engine
         self.staleness = staleness
+        self.ledger = ledger
         self._cond = threading.Condition(threading.RLock())
         self._queue: collections.deque[tuple[dict[str, Any], Workflow]] = collections.deque()
         self._running: dict[int, dict[str, Any]] = {}
@@ -63,9 +68,11 @@ class RolloutController:
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
-    def from_config(cls, engine: InferenceEngine, config: Config, version: int = 0) -> RolloutController:
+    def from_config(
+        cls, engine: InferenceEngine, config: Config, version: int = 0, ledger: Ledger | None = None
+    ) -> RolloutController:
         staleness = StalenessManager.from_config(config.rollout, config.train_dataset.batch_size, version)
-        return cls(engine, staleness)
+        return cls(engine, staleness, ledger)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -82,6 +89,7 @@ class RolloutController:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return
+        self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
         asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
@@ -127,11 +135,19 @@ class RolloutController:
                 data, workflow = self._queue.popleft()
                 ticket = self.staleness.submit()
                 self._running[ticket.serial] = data
+                self._record(
+                    "submitted",
+                    uid=episode_uid(data),
+                    item_id=data.get("id"),
+                    epoch=data.get(EPOCH_KEY, 0),
+                    version=self.staleness.version,
+                )
                 task = asyncio.get_running_loop().create_task(self._run_episode(ticket, data, workflow))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
     async def _run_episode(self, ticket: Ticket, data: dict[str, Any], workflow: Workflow) -> None:
+        EPISODE_UID.set(episode_uid(data))  # this task's own context: engine events name the episode
         try:
             episode = _checked_episode(await workflow(self.engine, data))
             outcome = "accepted" if episode is not None else "rejected"
@@ -146,6 +162,7 @@ class RolloutController:
             else:
                 self.staleness.reject(ticket)
             setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
+            self._record(outcome, uid=episode_uid(data))
             self._cond.notify_all()
         self._pump()
 
@@ -203,6 +220,8 @@ class RolloutController:
                     )
                 self._cond.wait(remaining)
             episodes = [self._ready.pop(t.serial) for t in chosen]
+            for ep in episodes:
+                self._record("consumed", uid=episode_uid(ep.data), version=self.staleness.version)
             self.staleness.consume(chosen)
             self._stats.consumed += len(chosen)
             batch = [traj for ep in episodes for traj in ep.trajectories]
@@ -251,6 +270,10 @@ class RolloutController:
         """Dataset items taken but not yet consumed (queued, running or ready): a checkpoint keeps them."""
         with self._cond:
             return [d for d, _ in self._queue] + list(self._running.values()) + [e.data for e in self._ready.values()]
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self.ledger is not None:
+            self.ledger.record(event, **fields)
 
 
 def _checked_episode(result: Any) -> list[Trajectory] | None:

@@ -39,9 +39,14 @@ def sampling_params(gconfig: GenerationConfig, tokenizer: Any, *, greedy: bool =
     )
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> list[int]:
-    """Token ids of ``messages`` rendered by the chat template (a dict in transformers 5)."""
-    encoded = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+def encode_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, **template_kwargs: Any
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the chat template (a dict in transformers 5);
+    ``template_kwargs`` (``tools``, ``chat_template``, ...) go to ``apply_chat_template``."""
+    encoded = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
     ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
     return list(ids)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import abc
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.errors import ProcessFailedError
 
 
 @attrs.frozen(kw_only=True)
@@ -21,7 +22,7 @@ class ProcessSpec:
     log_file: str | None = None  # stdout+stderr go here when set
 
 
-class ProcessDiedError(ArealError):
+class ProcessDiedError(ProcessFailedError):
     """A compute-plane process exited while the run still needed it."""
 
 
@@ -49,9 +50,12 @@ class Scheduler(abc.ABC):
     def handles(self) -> list[ProcessHandle]:
         """Every process started so far."""
 
-    def check_alive(self) -> None:
-        """Raise :class:`ProcessDiedError` naming the first started process that has exited."""
+    def check_alive(self, exclude: Collection[ProcessHandle] = ()) -> None:
+        """Raise :class:`ProcessDiedError` naming the first started process that has exited, except
+        those in ``exclude`` (e.g. inference servers, whose loss the server fleet handles)."""
         for handle in self.handles:
+            if any(handle is other for other in exclude):
+                continue
             code = handle.returncode()
             if code is not None:
                 where = f"; see {handle.log_file}" if handle.log_file else ""

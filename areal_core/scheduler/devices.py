@@ -7,7 +7,10 @@ platform nothing is assigned; processes share the cores by thread count instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from areal_core.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -35,3 +38,18 @@ def trainer_devices(config: Config, platform: Platform, rank: int) -> tuple[int,
 
 def devices_needed(config: Config) -> int:
     return config.rollout.servers * config.rollout.devices_per_server + config.actor.world_size
+
+
+def physical_devices(indices: Sequence[int], visible: str | None, env_var: str = "visible devices") -> tuple[str, ...]:
+    """The ids to expose to a child for layout ``indices`` when this process sees only ``visible``
+    (its own ``CUDA_VISIBLE_DEVICES``/``ASCEND_RT_VISIBLE_DEVICES``): index ``i`` is its ``i``-th entry,
+    so a controller started with ``ASCEND_RT_VISIBLE_DEVICES=4,5`` places a 1 + 1 run on NPUs 4 and 5."""
+    ids = [item.strip() for item in (visible or "").split(",") if item.strip()]
+    if not ids:
+        return tuple(str(i) for i in indices)
+    if indices and max(indices) >= len(ids):
+        raise ArealError(
+            f"the run needs device index {max(indices)}, but {env_var}={visible} leaves {len(ids)} visible; "
+            "lower rollout.servers, rollout.devices_per_server or actor.world_size, or expose more devices"
+        )
+    return tuple(ids[i] for i in indices)

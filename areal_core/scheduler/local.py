@@ -9,9 +9,11 @@ import signal
 import subprocess
 import time
 import weakref
+from typing import Mapping, Sequence
 
 from areal_core.platform import Platform
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
+from areal_core.scheduler.devices import physical_devices
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "AREAL_NUM_THREADS")
 
@@ -54,6 +56,37 @@ def die_with_parent() -> None:
         pass
 
 
+def spawn(
+    spec: ProcessSpec,
+    base_env: Mapping[str, str],
+    visible_devices_env: str | None,
+    devices: Sequence[int | str],
+    cwd: str | None = None,
+) -> subprocess.Popen:
+    """Start ``spec.cmd`` in its own session: ``base_env`` plus the thread variables, the visible
+    ``devices`` and ``spec.env``; output to ``spec.log_file``; dies with its parent."""
+    env = dict(base_env)
+    env.update({var: str(spec.threads) for var in _THREAD_VARS})
+    if visible_devices_env and devices:
+        env[visible_devices_env] = ",".join(map(str, devices))
+    env.update(spec.env)
+    out = open(spec.log_file, "ab") if spec.log_file else None  # noqa: SIM115 - owned by Popen
+    try:
+        return subprocess.Popen(
+            spec.cmd,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: stop() reaches its children too
+            preexec_fn=die_with_parent,  # no orphans if the parent is killed
+        )
+    finally:
+        if out:
+            out.close()
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -71,23 +104,9 @@ class LocalScheduler(Scheduler):
         atexit.register(lambda: ref() and ref().stop_all())
 
     def start(self, spec: ProcessSpec) -> LocalProcess:
-        env = dict(os.environ)
-        env.update({var: str(spec.threads) for var in _THREAD_VARS})
-        if self.platform.visible_devices_env and spec.devices:
-            env[self.platform.visible_devices_env] = ",".join(map(str, spec.devices))
-        env.update(spec.env)
-        out = open(spec.log_file, "ab") if spec.log_file else None  # noqa: SIM115 - owned by Popen
-        popen = subprocess.Popen(
-            spec.cmd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # own process group: stop() reaches its children too
-            preexec_fn=die_with_parent,  # no orphans if the controller is killed
-        )
-        if out:
-            out.close()
+        var = self.platform.visible_devices_env
+        devices = physical_devices(spec.devices, os.environ.get(var), var) if var else spec.devices
+        popen = spawn(spec, os.environ, var, devices)
         handle = LocalProcess(spec.name, popen, spec.log_file)
         self.processes.append(handle)
         return handle

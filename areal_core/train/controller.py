@@ -18,7 +18,7 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError
+from areal_core.errors import ArealError, ProcessFailedError
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
 from areal_core.scheduler.devices import trainer_devices
 from areal_core.train.worker import (
@@ -48,7 +48,7 @@ _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show
 
 
-class TrainWorkerError(ArealError):
+class TrainWorkerError(ProcessFailedError):
     """A training worker died or a command failed on it; the message carries its log tail."""
 
 
@@ -254,12 +254,15 @@ class TrainController:
                 "the training workers are not running; call start() first (after a failure, build a new controller)"
             )
         payload = pickle.dumps(cmd)
-        for conn in self._conns:
-            conn.send_bytes(payload)
         pending = dict(enumerate(self._conns))
         value = None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            for rank, conn in pending.items():
+                try:
+                    conn.send_bytes(payload)
+                except OSError:  # broken pipe: the worker died since the last call
+                    raise self._lost(rank, f"before {type(cmd).__name__}") from None
             while pending:
                 for conn in wait(list(pending.values()), _POLL_S):
                     rank = next(r for r, c in pending.items() if c is conn)
@@ -294,8 +297,12 @@ class TrainController:
         try:
             return conn.recv()
         except (EOFError, OSError):
-            self.handles[rank].stop(timeout=2.0)
-            raise TrainWorkerError(self._death_message(rank, f"during {type(cmd).__name__}")) from None
+            raise self._lost(rank, f"during {type(cmd).__name__}") from None
+
+    def _lost(self, rank: int, when: str) -> TrainWorkerError:
+        """The error for a worker whose connection broke (its process is stopped first, for its code)."""
+        self.handles[rank].stop(timeout=2.0)
+        return TrainWorkerError(self._death_message(rank, when))
 
     def _check_alive(self, ranks: Any, when: str) -> None:
         for rank in ranks:

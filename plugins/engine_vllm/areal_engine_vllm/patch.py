@@ -1,6 +1,6 @@
 """The ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each of its processes.
 
-It registers the ``areal_gloo`` weight-transfer backend with vLLM's factory. The routes live in
+It registers the ``areal_collective`` weight-transfer backend with vLLM's factory. The routes live in
 :mod:`areal_engine_vllm.routes` (an endpoint plugin) and the disk reload in
 :mod:`areal_engine_vllm.worker_ext` (a worker extension); nothing in vLLM's files is edited.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from areal_engine_vllm.protocol import GLOO_BACKEND, TOKEN_ENV
+from areal_engine_vllm.protocol import TRANSFER_BACKEND, TOKEN_ENV
 
 log = logging.getLogger(f"vllm.{__name__}")  # under "vllm", whose handlers write the server log
 _registered = False
@@ -25,9 +25,9 @@ def register() -> None:
 
     try:
         WeightTransferEngineFactory.register_engine(
-            GLOO_BACKEND, "areal_engine_vllm.gloo_transfer", "GlooWeightTransferEngine"
+            TRANSFER_BACKEND, "areal_engine_vllm.collective_transfer", "CollectiveWeightTransferEngine"
         )
     except ValueError:  # registered already (e.g. by an earlier import in this process)
         pass
     _registered = True
-    log.info("areal: registered weight-transfer backend %r", GLOO_BACKEND)
+    log.info("areal: registered weight-transfer backend %r", TRANSFER_BACKEND)

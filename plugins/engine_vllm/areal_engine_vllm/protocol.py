@@ -19,7 +19,7 @@ ALLOWED_ROOT_ENV = "AREAL_VLLM_ALLOWED_ROOT"
 #: Name of the entry points in ``vllm.general_plugins``/``vllm.endpoint_plugins`` (for ``VLLM_PLUGINS``).
 VLLM_PLUGIN_NAME = "areal"
 #: The weight-transfer backend the patch registers with vLLM's ``WeightTransferEngineFactory``.
-GLOO_BACKEND = "areal_gloo"
+TRANSFER_BACKEND = "areal_collective"
 #: ``--worker-extension-cls`` that adds the disk reload (with the tied-embedding refresh) to workers.
 WORKER_EXTENSION = "areal_engine_vllm.worker_ext.ArealWorkerExtension"
 #: Response header of ``/v1/completions``: the weight version when the request arrived.
@@ -37,13 +37,15 @@ class DiskUpdateBody:
 
 @attrs.frozen(kw_only=True)
 class WeightGroupBody:
-    """``POST /areal/init_weight_group``: join the trainer's gloo group as ``rank`` (rank 0 sends)."""
+    """``POST /areal/init_weight_group``: join the trainer's weight group as ``rank`` (rank 0 sends)
+    over ``backend`` (the trainer platform's: gloo, nccl, hccl)."""
 
     master_addr: str
     master_port: int
     rank: int
     world_size: int
     group_name: str
+    backend: str = "gloo"
     timeout_s: float = 300.0
 
 

@@ -9,7 +9,7 @@ weight-transfer API, the weight version). vLLM loads it only when ``VLLM_PLUGINS
 | POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
 | POST /areal/resume | ``resume_generation()`` |
 | POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
-| POST /areal/init_weight_group | ``init_weight_transfer_engine`` (backend ``areal_gloo``) |
+| POST /areal/init_weight_group | ``init_weight_transfer_engine`` (backend ``areal_collective``) |
 | POST /areal/receive_weights | ``start_weight_update`` (once per version), ``update_weights``: staged only |
 | POST /areal/commit_weights | ``finish_weight_update(version)``: every staged bucket goes in at once |
 | POST /areal/set_version | ``update_weight_version`` |

@@ -7,7 +7,9 @@ process is the rendezvous, trainer rank 0 is rank 0 and server ``i``'s workers f
 flat buckets of ``actor.weight_chunked_mem_mb``; the servers stage each bucket as it arrives
 (``engine.receive_weights``) and swap all of them in at ``engine.commit_weights(v)``. Any failure
 before the commit leaves every server on its old weights, raises :class:`WeightUpdateError` and
-makes the next ``update`` build a fresh group (so a replaced server can join).
+makes the next ``update`` build a fresh group (so a replaced server can join). So does a change
+of the engine's members (a server lost, added or replaced): the group is re-formed with a new
+TCPStore rendezvous and world size before the update.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class XcclWeightUpdater(WeightUpdater):
         self._buckets: list[WeightUpdateMeta] = []
         self._group: WeightUpdateMeta | None = None  # the live group's rendezvous, None = (re)create
         self._store: object | None = None  # the TCPStore server; members use it while connected
+        self._members: tuple[str, ...] = ()  # the engine's members when the live group was formed
         self._groups_made = 0
         self.setup_seconds = 0.0  # of the last group set-up
 
@@ -102,7 +105,8 @@ class XcclWeightUpdater(WeightUpdater):
         host = "127.0.0.1"
         self._store = dist.TCPStore(host, 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
         self._groups_made += 1
-        servers = len(engine.health())
+        members = engine.members()
+        servers = len(members) if members else len(engine.health())
         meta = WeightUpdateMeta(
             version=0,
             group_name=f"areal_weights_{self._groups_made}",
@@ -120,7 +124,7 @@ class XcclWeightUpdater(WeightUpdater):
             self._close_group()
             reasons = "; ".join(e for e in (trainer_error, server_error) if e)
             raise WeightUpdateError(f"xccl weight group {meta.group_name!r} could not be set up: {reasons}")
-        self._group = meta
+        self._group, self._members = meta, members
         self.setup_seconds = time.perf_counter() - start
         logger.info(
             "xccl weight group %r (%s, world size %d) set up in %.2fs",
@@ -129,7 +133,7 @@ class XcclWeightUpdater(WeightUpdater):
 
     def update(self, version: int) -> None:
         trainer, engine = self._require()
-        if self._group is None:  # the last update failed: a fresh group, e.g. with a replaced server
+        if self._group is None or engine.members() != self._members:  # a failed update, or servers came or went
             self._open_group()
         buckets = [attrs.evolve(b, version=version) for b in self._buckets]
         errors: list[str] = []

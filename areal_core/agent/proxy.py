@@ -1,0 +1,243 @@
+"""The OpenAI-compatible proxy: renders chats once, generates through the InferenceEngine, records.
+
+Routes (a session key goes in ``Authorization: Bearer <key>`` or ``X-Areal-Session: <key>``):
+
+- ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI schemas, ``n=1``, no streaming.
+- ``POST /v1/reward`` ``{"reward": r, "completion_id": id?}``: reward one completion or the final answer.
+- ``GET /v1/session``: this session's completions and rewards; ``POST /v1/session/end`` closes it.
+- ``POST /v1/sessions`` (admin key): start a session for an agent the trainer does not launch.
+- ``GET /v1/models``.
+
+Threading: :class:`ProxyServer` runs uvicorn on its own thread and event loop, so it starts and
+stops independently of the rollout controller. Each session remembers the event loop that
+started it (the rollout loop, where the engine's async calls live) and its model calls run
+there, so pausing for weight updates, re-submission and per-token versions work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Self
+
+import attrs
+
+from areal_core.agent.openai_api import RequestError, Sampling
+from areal_core.agent.sessions import (
+    Completion,
+    Session,
+    SessionStore,
+    new_completion_id,
+)
+from areal_core.config import GenerationConfig
+from areal_core.engine import (
+    GenerationRequest,
+    GenerationResponse,
+    InferenceEngine,
+    SamplingParams,
+)
+from areal_core.errors import ArealError
+from areal_core.rollout.workflow import encode_chat, sampling_params, stop_at_strings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+logger = logging.getLogger(__name__)
+KEEP_ALIVE_S = 600
+
+
+class AgentProxy:
+    """Sessions plus the completion logic; :meth:`app` serves it over HTTP.
+
+    Sampling: by default the trained policy's settings (``gconfig`` temperature and top-p) are
+    used whatever the agent asks, so recorded log-probs match what the trainer recomputes; the
+    agent's ``max_tokens`` is honoured up to ``gconfig.max_new_tokens``. With
+    ``honour_request_sampling`` (serving, benchmarks) the request's temperature (0: greedy) and
+    top-p win.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        gconfig: GenerationConfig,
+        *,
+        chat_template: str | None = None,
+        max_body_bytes: int = 1 << 20,
+        honour_request_sampling: bool = False,
+        admin_key: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig
+        self.chat_template = chat_template or None
+        self.max_body_bytes = max_body_bytes
+        self.honour_request_sampling = honour_request_sampling
+        self.admin_key = admin_key or secrets.token_urlsafe(32)
+        self.sessions = SessionStore()
+        self._base = sampling_params(gconfig, tokenizer)
+
+    # ------------------------------------------------------------------ completion logic
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+    ) -> list[int]:
+        """The prompt ids the model sees: the chat template applied once, with a generation prompt.
+
+        ``tools`` and ``tool_choice`` are template variables, as in ``apply_chat_template``.
+        """
+        kwargs: dict[str, Any] = {}
+        if tools:
+            kwargs["tools"] = tools
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        if self.chat_template:
+            kwargs["chat_template"] = self.chat_template
+        try:
+            return encode_chat(self.tokenizer, messages, add_generation_prompt=True, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - jinja errors, characters the tokenizer cannot encode, ...
+            raise RequestError(400, f"messages: the chat template/tokenizer cannot render them: {exc}", "messages") from None
+
+    def render_text(self, prompt: str | list[int]) -> list[int]:
+        """``/v1/completions`` prompt ids: the text tokenized as is, or the given ids checked."""
+        if isinstance(prompt, list):
+            if max(prompt) >= len(self.tokenizer):
+                raise RequestError(400, f"prompt: token id {max(prompt)} is outside the vocabulary", "prompt")
+            return list(prompt)
+        try:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        except Exception as exc:  # noqa: BLE001 - reported to the agent as a 400
+            raise RequestError(400, f"prompt: the tokenizer cannot encode it: {exc}", "prompt") from None
+
+    def sampling_for(self, request: Sampling) -> SamplingParams:
+        """Engine sampling for a request: see the class docstring (``seed`` is always honoured)."""
+        cap = self.gconfig.max_new_tokens
+        max_new = cap if request.max_tokens is None else min(request.max_tokens, cap)
+        base = attrs.evolve(self._base, max_new_tokens=max_new, seed=request.seed)
+        if not self.honour_request_sampling:
+            return base
+        return attrs.evolve(
+            base,
+            temperature=request.temperature or base.temperature,
+            top_p=base.top_p if request.top_p is None else request.top_p,
+            greedy=request.temperature == 0.0,
+        )
+
+    async def _generate(self, session: Session, request: GenerationRequest) -> GenerationResponse:
+        """Run ``engine.agenerate`` on the session's engine loop (this loop when it has none)."""
+        loop = session.engine_loop
+        try:
+            if loop is None or loop is asyncio.get_running_loop():
+                return await self.engine.agenerate(request)
+            future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(request), loop)
+            return await asyncio.wrap_future(future)
+        except RuntimeError as exc:
+            if loop is not None and loop.is_closed():
+                raise RequestError(409, "this session's rollout loop has stopped; the episode is over") from exc
+            raise
+
+    async def complete(self, session: Session, prompt_ids: list[int], sampling: Sampling, kind: str) -> Completion:
+        """Generate from ``prompt_ids`` and record the completion in ``session``."""
+        if session.ended:
+            raise RequestError(409, "this session has ended; start a new one")
+        params = self.sampling_for(sampling)
+        response = await self._generate(session, GenerationRequest(input_ids=prompt_ids, sampling=params))
+        stops = list(self.gconfig.stop) + sampling.stop
+        n_kept = stop_at_strings(self.tokenizer, response.output_ids, stops)
+        stopped_early = n_kept < len(response.output_ids)
+        finish = "stop" if stopped_early or response.stop_reason == "stop" else "length"
+        completion = Completion(
+            id=new_completion_id(kind),
+            prompt_ids=list(prompt_ids),
+            output_ids=response.output_ids[:n_kept],
+            logprobs=response.logprobs[:n_kept],
+            versions=response.versions[:n_kept],
+            finish_reason=finish,
+            text=self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True),
+        )
+        session.add(completion)
+        return completion
+
+    def app(self) -> FastAPI:
+        """The FastAPI app serving this proxy (routes in :mod:`areal_core.agent.http`)."""
+        from areal_core.agent.http import build_app
+
+        return build_app(self)
+
+
+class ProxyServer:
+    """Serves an :class:`AgentProxy` with uvicorn on a background thread (idempotent start/close)."""
+
+    def __init__(self, proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0) -> None:
+        self.proxy = proxy
+        self.host, self.port = host, port
+        self.startup_timeout = startup_timeout
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._server is not None
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the proxy server is not running; call start() first")
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> str:
+        """Bind, serve, wait until it accepts requests; returns the OpenAI ``base_url``."""
+        import uvicorn
+
+        with self._lock:
+            if self._server is not None:
+                return self.base_url
+            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as exc:
+                sock.close()
+                raise ArealError(f"agent proxy cannot bind {self.host}:{self.port} ({exc}); set agent.port/agent.host") from None
+            self.port = sock.getsockname()[1]
+            config = uvicorn.Config(
+                self.proxy.app(),
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                # agents pause while weights update; closing idle keep-alive connections under a
+                # client about to reuse one is a race that surfaces as agent connection errors
+                timeout_keep_alive=KEEP_ALIVE_S,
+                timeout_graceful_shutdown=5,  # calls left waiting on a stopped rollout loop never finish
+            )
+            server = uvicorn.Server(config)
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="agent-proxy", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + self.startup_timeout
+            while not server.started:
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    server.should_exit = True
+                    sock.close()
+                    raise ArealError(f"agent proxy on {self.host}:{self.port} did not start; see the log above")
+                time.sleep(0.01)
+            self._server, self._thread = server, thread
+            return self.base_url
+
+    def close(self) -> None:
+        with self._lock:
+            server, thread = self._server, self._thread
+            self._server = self._thread = None
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(timeout=30)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

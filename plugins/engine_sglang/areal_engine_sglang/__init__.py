@@ -1,0 +1,11 @@
+"""areal-engine-sglang: registers the ``sglang`` inference engine (``rollout.engine: sglang``).
+
+Only "module:attr" strings here: discovery must not import SGLang or torch.
+"""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_inference_engines(register):
+    register("sglang", "areal_engine_sglang.client:SGLangEngine")

@@ -1,0 +1,232 @@
+"""SGLangEngine: the ``sglang`` inference engine, a client of SGLang servers' native HTTP API.
+
+Generation is ``/generate`` with token ids and ``return_logprob``. ``pause()`` closes the shared
+:class:`~areal_core.engine_http.PauseGate` and calls ``/pause_generation`` (mode ``abort``): SGLang
+ends every running and queued request with its partial output and holds new ones until
+``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
+output with the rest of the budget, so one response may carry tokens of two weight versions.
+
+Weight versions are SGLang's own: servers start with ``--weight-version 0``, updates pass
+``weight_version``, ``set_version`` calls ``/update_weight_version``, and each reply's
+``meta_info.weight_versions`` spans tag its tokens.
+
+Collective updates (``xccl``) use ``/init_weights_update_group`` and, per bucket,
+``/update_weights_from_distributed`` with ``load_format: flattened_bucket`` (one flat uint8
+broadcast, the layout the trainer sends) inside a ``/begin_weight_update`` ..
+``/end_weight_update`` session; ``commit_weights`` ends the session and sets the version. SGLang
+0.5.23 loads each bucket into the served model as it arrives (there is no staging API), so until
+the commit only paused generation (the trainer pauses around updates) keeps tokens off a
+half-updated model, and a transfer that fails midway leaves a mix of old and new weights until
+the next successful update.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_core.engine import GenerationRequest, GenerationResponse
+from areal_core.engine_http import HTTPServerEngine, answers_ok, get_json, post_json
+from areal_core.errors import ArealError
+from areal_core.scheduler.base import ProcessSpec
+from areal_engine_sglang.launch import require_sglang, server_command, server_env
+from areal_engine_sglang.protocol import (
+    DiskUpdateBody,
+    DistributedUpdateBody,
+    GenerateBody,
+    GroupNameBody,
+    PauseBody,
+    Segment,
+    WeightGroupBody,
+    WeightVersionBody,
+    parse_generate,
+    sampling_params,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+    from areal_core.scheduler.base import Scheduler
+    from areal_core.weights import WeightUpdateMeta
+
+log = logging.getLogger(__name__)
+
+#: The bearer token (SGLang's ``--api-key``); set it to attach to servers started by hand.
+TOKEN_ENV = "AREAL_SGLANG_TOKEN"
+_LABEL = "sglang server"
+
+
+class SGLangEngine(HTTPServerEngine):
+    """Client of ``config.rollout.servers`` SGLang servers (``rollout.engine: sglang``)."""
+
+    name = "sglang"
+    server_label = _LABEL
+    token_env = TOKEN_ENV
+    pause_route = "/pause_generation"
+    resume_route = "/continue_generation"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self._group_name: str | None = None  # the weight group the servers joined last
+        self._loading: int | None = None  # version of the open begin/end weight-update session
+
+    # ---------------------------------------------------------------- servers
+    def launch_servers(self, scheduler: Scheduler) -> list[str]:
+        require_sglang()
+        return super().launch_servers(scheduler)
+
+    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+        seed = self.config.seed + index
+        return ProcessSpec(
+            name=f"sglang_server{index}",
+            cmd=[sys.executable, *server_command(self.config, port, seed=seed, token=self.token)],
+            env=server_env(self.platform),
+            threads=self.config.rollout.threads_per_server,
+            log_file=str(run_dir / "logs" / f"sglang_server{index}.log"),
+        )
+
+    def server_is_up(self, address: str) -> bool:
+        """``GET /health`` answers 200 (open route; slow on servers started without our env, see launch)."""
+        return answers_ok(address, timeout=5.0)
+
+    def served_versions(self) -> list[int]:
+        """Each server's current weight version (``GET /model_info``)."""
+        versions = []
+        for address in self.addresses:
+            info = get_json(address, "/model_info", self._headers(), 10.0, _LABEL)
+            try:
+                versions.append(int(info["weight_version"]))
+            except (KeyError, TypeError, ValueError):
+                raise ArealError(f"{_LABEL} {address} /model_info has no integer weight_version: {info}") from None
+        return versions
+
+    # ---------------------------------------------------------------- generation
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        import aiohttp
+
+        params = request.sampling
+        start = time.monotonic()
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
+        finish, attempt = "length", 0
+        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+            while len(output_ids) < params.max_new_tokens:
+                await self._gate.wait()
+                body = GenerateBody(
+                    rid=f"{request.request_id}-{attempt}",  # SGLang keys in-flight state by rid
+                    input_ids=request.input_ids + output_ids,
+                    sampling_params=sampling_params(params, len(output_ids)),
+                )
+                # A lost server's segment re-runs on a live one from prompt + output so far.
+                segment = await self._on_live_server(
+                    request.request_id, functools.partial(self._generate_once, session, body=body)
+                )
+                output_ids += segment.output_ids
+                logprobs += segment.logprobs
+                versions += segment.versions
+                finish, attempt = segment.finish, attempt + 1
+                if finish != "abort":  # aborted by pause(): wait for resume(), then continue
+                    break
+        return GenerationResponse(
+            input_ids=list(request.input_ids),
+            output_ids=output_ids,
+            logprobs=logprobs,
+            versions=versions,
+            stop_reason="stop" if finish == "stop" else "length",
+            latency=time.monotonic() - start,
+        )
+
+    async def _generate_once(self, session: Any, address: str, body: GenerateBody) -> Segment:
+        async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status != 200:
+                error = data.get("error", data) if isinstance(data, dict) else data
+                message = error.get("message", error) if isinstance(error, dict) else error
+                raise ArealError(f"{_LABEL} {address} /generate failed ({resp.status}): {message}")
+        return parse_generate(data)
+
+    # ---------------------------------------------------------------- control (main thread)
+    def pause(self) -> None:
+        self._gate.close()
+        self._broadcast(self.pause_route, to_json(PauseBody(mode="abort")))
+
+    def load_weights_from_disk(self, path: str, version: int) -> None:
+        self._broadcast(
+            "/update_weights_from_disk", to_json(DiskUpdateBody(model_path=str(path), weight_version=str(version)))
+        )
+
+    def set_version(self, version: int) -> None:
+        self._broadcast("/update_weight_version", to_json(WeightVersionBody(new_version=str(version))))
+
+    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
+        """Server ``i`` joins as ranks ``1 + i * tp`` onwards; blocks until the trainer (rank 0) joins."""
+        tp = self.config.rollout.devices_per_server
+        if meta.world_size != 1 + tp * len(self.addresses):
+            raise ValueError(
+                f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} sglang servers x {tp}"
+            )
+        self._end_session()  # left open by a failed update
+        if self._group_name is not None:
+            self._leave_group(self._group_name)
+        bodies = [
+            to_json(
+                WeightGroupBody(
+                    master_address=meta.master_addr,
+                    master_port=meta.master_port,
+                    rank_offset=1 + i * tp,
+                    world_size=meta.world_size,
+                    group_name=meta.group_name,
+                    backend=meta.backend,
+                )
+            )
+            for i in range(len(self.addresses))
+        ]
+        self._fan_out("/init_weights_update_group", bodies)
+        self._group_name = meta.group_name
+
+    def receive_weights(self, meta: WeightUpdateMeta) -> None:
+        """Blocks until rank 0 broadcasts the bucket; SGLang loads it into the served model at once."""
+        if self._group_name is None:
+            raise ArealError("sglang: receive_weights() before init_weight_group()")
+        if self._loading != meta.version:
+            self._end_session()
+            self._broadcast("/begin_weight_update", {})
+            self._loading = meta.version
+        body = DistributedUpdateBody(
+            names=list(meta.names),
+            dtypes=list(meta.dtypes),
+            shapes=[list(s) for s in meta.shapes],
+            group_name=self._group_name,
+        )
+        self._broadcast("/update_weights_from_distributed", to_json(body))
+
+    def commit_weights(self, version: int) -> None:
+        if self._loading != version:
+            loading = "nothing" if self._loading is None else f"version {self._loading}"
+            raise ArealError(
+                f"sglang: cannot commit version {version}: {loading} was received; receive its buckets first"
+            )
+        self._end_session()
+        self.set_version(version)
+
+    def _end_session(self) -> None:
+        if self._loading is not None:
+            self._loading = None
+            self._broadcast("/end_weight_update", {})
+
+    def _leave_group(self, group_name: str) -> None:
+        """Destroy the previous group on every server that still has it (a replaced server has not)."""
+        timeout = self.config.rollout.request_timeout
+        for address in self.addresses:
+            try:
+                post_json(address, "/destroy_weights_update_group", to_json(GroupNameBody(group_name=group_name)),
+                          self._headers(), timeout, _LABEL)  # fmt: skip
+            except ArealError as exc:
+                log.info("weight group %r was not destroyed: %s", group_name, exc)

@@ -1,0 +1,67 @@
+"""The command line and environment of one SGLang server process (started by our scheduler).
+
+``python -m sglang.launch_server`` on 127.0.0.1 with ``--api-key`` (SGLang then requires the
+bearer token on every route but ``/health``, ``/ready`` and ``/metrics``) and ``--weight-version 0``
+(replies carry integer versions). ``rollout.engine_args`` adds or overrides any SGLang flag:
+``{"mem_fraction_static": 0.5}`` -> ``--mem-fraction-static 0.5``; ``true`` -> a bare flag;
+``false`` -> dropped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import TYPE_CHECKING, Any
+
+from areal_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
+
+SERVER_MODULE = "sglang.launch_server"
+INSTALL_HINT = (
+    "pip install 'areal-engine-sglang[cuda]' (or pip install -e 'plugins/engine_sglang[cuda]') on a CUDA machine"
+)
+
+
+def require_sglang() -> None:
+    """ConfigError for ``rollout.engine`` unless the ``sglang`` package is importable here."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ConfigError(
+            "rollout.engine", f"'sglang' needs the sglang package, which is not installed: {INSTALL_HINT}"
+        )
+
+
+def server_command(config: Config, port: int, seed: int, token: str) -> list[str]:
+    """Arguments after the Python executable (SGLang reads its API key from the command line only)."""
+    flags: dict[str, Any] = {
+        "model-path": config.model.path,
+        "host": "127.0.0.1",
+        "port": port,
+        "dtype": config.model.dtype,
+        "random-seed": seed,
+        "weight-version": "0",
+        "tp-size": config.rollout.devices_per_server,
+    }
+    for key, value in config.rollout.engine_args.items():
+        flags[str(key).replace("_", "-")] = value
+    flags["api-key"] = token  # the client's bearer token, whatever engine_args say
+    args = ["-m", SERVER_MODULE]
+    for key, value in flags.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif value is not False and value is not None:
+            rendered = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            args += [f"--{key}", rendered]
+    return args
+
+
+def server_env(platform: Platform) -> dict[str, str]:
+    """The platform's engine env, the offline hub, and a cheap ``/health``.
+
+    By default SGLang's ``/health`` generates one token and answers after a second at the
+    earliest; with ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`` it answers 200 at once when the
+    server is up (503 while it starts).
+    """
+    return {**platform.engine_env("sglang"), "HF_HUB_OFFLINE": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}

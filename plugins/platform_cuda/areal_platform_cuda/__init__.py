@@ -1,0 +1,13 @@
+"""areal-platform-cuda: registers the ``cuda`` platform (``platform: cuda``, or ``auto`` with GPUs).
+
+Discovery imports only :mod:`areal_platform_cuda.platform`, which imports torch lazily.
+"""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_platforms(register):
+    from areal_platform_cuda.platform import CudaPlatform
+
+    register(CudaPlatform)
