@@ -142,6 +142,22 @@ class Router:
             self._pins[request_id] = server
 
 
+def command_line_flags(flags: dict[str, Any], engine_args: dict[str, Any] | None = None) -> list[str]:
+    """``--key value`` arguments for a server command: ``flags`` overridden by ``engine_args``
+    (``rollout.engine_args``; underscores become dashes). ``True`` is a bare flag, ``False``/``None``
+    drop it, dicts and lists are passed as JSON."""
+    merged = dict(flags)
+    for key, value in (engine_args or {}).items():
+        merged[str(key).replace("_", "-")] = value
+    args: list[str] = []
+    for key, value in merged.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif value is not False and value is not None:
+            args += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return args
+
+
 def answers_ok(address: str, endpoint: str = "/health", timeout: float = 1.0) -> bool:
     """True if ``GET http://{address}{endpoint}`` answers 200 within ``timeout`` seconds."""
     try:
@@ -221,6 +237,16 @@ def wait_healthy(
                 f"raise it or check {log_file}:\n{log_tail(log_file)}"
             )
         time.sleep(0.2)
+
+
+@attrs.frozen(kw_only=True)
+class Segment:
+    """What one server call generated before it ended, or before ``pause()`` aborted it."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_reason: str  # "stop", "length" or "abort"
 
 
 class HTTPServerEngine(InferenceEngine):
@@ -407,6 +433,46 @@ class HTTPServerEngine(InferenceEngine):
         logger.warning("%s %s: %s", self.server_label, kind, fields)
         if self.on_event is not None:
             self.on_event(kind, fields)
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        """Generate in segments: a segment aborted by ``pause()`` is continued after ``resume()``
+        (prompt + output so far, the remaining budget), and one on a lost server re-runs on a live
+        one, so the response may span weight versions and servers."""
+        import aiohttp
+
+        start = time.monotonic()
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        stop_reason, attempt = "length", 0
+        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+            while len(output_ids) < request.sampling.max_new_tokens:
+                await self._gate.wait()
+                generated = list(output_ids)
+                call = functools.partial(self._generate_segment, session, request=request, generated=generated, attempt=attempt)
+                segment = await self._on_live_server(request.request_id, call)
+                output_ids += segment.output_ids
+                logprobs += segment.logprobs
+                versions += segment.versions
+                stop_reason, attempt = segment.stop_reason, attempt + 1
+                if stop_reason != "abort":
+                    break
+        return GenerationResponse(
+            input_ids=list(request.input_ids),
+            output_ids=output_ids,
+            logprobs=logprobs,
+            versions=versions,
+            stop_reason="stop" if stop_reason == "stop" else "length",
+            latency=time.monotonic() - start,
+        )
+
+    @abc.abstractmethod
+    async def _generate_segment(
+        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
+    ) -> Segment:
+        """Continue ``request`` after its ``generated`` tokens on the server at ``address`` (an
+        aiohttp ``session`` carries the auth headers); ``attempt`` counts this request's segments."""
 
     async def _on_live_server(self, request_id: str, call: Callable[[str], Awaitable[T]]) -> T:
         """``await call(address)`` on the server ``request_id`` is routed to. If that server is lost

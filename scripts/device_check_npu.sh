@@ -10,22 +10,7 @@
 # Prints a summary; exits non-zero when a step failed. Logs: $AREAL_CHECK_DIR (default /tmp/areal-device-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${AREAL_CHECK_DIR:-/tmp/areal-device-check}"
-mkdir -p "$OUT"
-declare -a SUMMARY=()
-FAILED=0
-
-step() {  # step NAME TIMEOUT_S CMD...: run, log, record PASS/FAIL with wall time
-  local name="$1" limit="$2"; shift 2
-  local log="$OUT/${name}.log" start rc
-  start=$(date +%s)
-  echo "== ${name}: $*"
-  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
-  rc=$?
-  local took=$(( $(date +%s) - start ))
-  if [ "$rc" -eq 0 ]; then SUMMARY+=("PASS  ${name}  (${took}s)")
-  else SUMMARY+=("FAIL  ${name}  (rc ${rc}, ${took}s; see ${log})"); FAILED=1; tail -n 15 "$log"; fi
-}
+source scripts/device_check_lib.sh
 
 echo "== environment"
 { npu-smi info 2>&1 | head -n 20; ls /dev/davinci[0-9]* 2>&1; echo "ASCEND_HOME_PATH=${ASCEND_HOME_PATH:-unset}"; } | tee "$OUT/env.log"
@@ -63,31 +48,7 @@ step gsm8k_npu_config_tiny 420 python -m areal_core.launcher.local examples/math
   gconfig.n_samples=4 gconfig.max_new_tokens=32 train_dataset.batch_size=4 train_dataset.size=32 \
   valid_dataset.size=8 stats.eval_every=3 stats.progress=false recover.mode=off \
   "rollout.engine_args={gpu-memory-utilization: 0.3}"
-step logprob_memory_npu 120 python - <<'PY'
-import torch
-from areal_core.platform import activate_platform, resolve_platform
-from areal_core.plugins import load_plugins
-from areal_core.train.logprobs import token_logprobs
-p = activate_platform(resolve_platform("npu", load_plugins())); p.set_device(0); dev = p.device(0)
-def peak(impl, n, v, h=1024):
-    hid = (torch.randn(n, h, device=dev) / h**0.5).requires_grad_()
-    w = torch.randn(v, h, device=dev).requires_grad_()
-    y = torch.randint(0, v, (n,), device=dev)
-    p.synchronize(); p.empty_cache(); torch.npu.reset_peak_memory_stats(); base = p.memory_stats()["allocated_bytes"]
-    if impl == "naive":
-        lp = (hid @ w.T).float().log_softmax(-1).gather(-1, y[:, None]).squeeze(-1)
-    else:
-        lp, _ = token_logprobs(hid, w, y, chunk_size=1024)
-    lp.sum().backward(); p.synchronize()
-    return (p.memory_stats()["peak_bytes"] - base) / 2**20
-for n, v in [(8192, 32768), (16384, 151936)]:
-    a, b = peak("naive", n, v), peak("chunked", n, v)
-    print(f"tokens {n} vocab {v}: naive {a:.0f} MiB  chunked {b:.0f} MiB  ratio {a / b:.1f}x")
-PY
+step logprob_memory_npu 120 python scripts/device_logprob_memory.py npu
 
-echo
-echo "================ device check (npu) summary ================"
-printf '%s\n' "${SUMMARY[@]}"
-grep -h "XCCL_CHECK\|NPU_PLATFORM" "$OUT"/*.log 2>/dev/null
-grep -h "ratio" "$OUT/logprob_memory_npu.log" 2>/dev/null
+summary npu "XCCL_CHECK\|NPU_PLATFORM\|ratio"
 exit "$FAILED"

@@ -22,7 +22,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from quickstart_runs import SCRIPT, marked_pids, marks, rewards, run_args, start, wait_until  # noqa: F401 - marks: fixture
+from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.control import CONTROL_FILE, ControlServer, control_call

@@ -8,16 +8,14 @@ both sides holds generation between ``pause()`` and ``resume()``.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import GenerationRequest, GenerationResponse
-from areal_core.engine_http import HTTPServerEngine
+from areal_core.engine import GenerationRequest
+from areal_core.engine_http import HTTPServerEngine, Segment
 from areal_core.errors import ArealError, ConfigError
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
@@ -82,52 +80,28 @@ class HFEngine(HTTPServerEngine):
         return [_get_health(address) for address in self.addresses]
 
     # ---------------------------------------------------------------- generation
-    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        import aiohttp
-
+    async def _generate_segment(
+        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
+    ) -> Segment:
         params = request.sampling
-        start = time.monotonic()
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
-            while True:
-                await self._gate.wait()
-                body = GenerateBody(
-                    rid=request.request_id,
-                    input_ids=request.input_ids + output_ids,
-                    max_new_tokens=params.max_new_tokens - len(output_ids),
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    greedy=params.greedy,
-                    stop_token_ids=list(params.stop_token_ids),
-                    seed=params.seed,
-                )
-                # A lost server's segment re-runs on a live one from prompt + output so far.
-                result = await self._on_live_server(
-                    request.request_id, functools.partial(self._agenerate_once, session, body=body)
-                )
-                output_ids += result.output_ids
-                logprobs += result.logprobs
-                versions += result.versions
-                if result.stop_reason != "abort":  # aborted by pause(): wait, then continue
-                    break
-        return GenerationResponse(
-            input_ids=list(request.input_ids),
-            output_ids=output_ids,
-            logprobs=logprobs,
-            versions=versions,
-            stop_reason=result.stop_reason,  # type: ignore[arg-type]
-            latency=time.monotonic() - start,
+        body = GenerateBody(
+            rid=request.request_id,
+            input_ids=request.input_ids + generated,
+            max_new_tokens=params.max_new_tokens - len(generated),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            greedy=params.greedy,
+            stop_token_ids=list(params.stop_token_ids),
+            seed=params.seed,
         )
-
-    async def _agenerate_once(self, session: Any, address: str, body: GenerateBody) -> GenerateResult:
         async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
                 raise ArealError(f"hf server {address} /generate failed ({resp.status}): {data.get('error', data)}")
-        return from_json(GenerateResult, data)
+        result = from_json(GenerateResult, data)
+        return Segment(
+            output_ids=result.output_ids, logprobs=result.logprobs, versions=result.versions, stop_reason=result.stop_reason
+        )
 
     # ---------------------------------------------------------------- control (main thread)
     def load_weights_from_disk(self, path: str, version: int) -> None:

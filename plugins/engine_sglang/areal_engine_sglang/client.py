@@ -22,15 +22,13 @@ the next successful update.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import GenerationRequest, GenerationResponse
-from areal_core.engine_http import HTTPServerEngine, answers_ok, get_json, post_json
+from areal_core.engine import GenerationRequest
+from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json, post_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
@@ -40,7 +38,6 @@ from areal_engine_sglang.protocol import (
     GenerateBody,
     GroupNameBody,
     PauseBody,
-    Segment,
     WeightGroupBody,
     WeightVersionBody,
     parse_generate,
@@ -106,44 +103,14 @@ class SGLangEngine(HTTPServerEngine):
         return versions
 
     # ---------------------------------------------------------------- generation
-    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        import aiohttp
-
-        params = request.sampling
-        start = time.monotonic()
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
-        finish, attempt = "length", 0
-        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
-            while len(output_ids) < params.max_new_tokens:
-                await self._gate.wait()
-                body = GenerateBody(
-                    rid=f"{request.request_id}-{attempt}",  # SGLang keys in-flight state by rid
-                    input_ids=request.input_ids + output_ids,
-                    sampling_params=sampling_params(params, len(output_ids)),
-                )
-                # A lost server's segment re-runs on a live one from prompt + output so far.
-                segment = await self._on_live_server(
-                    request.request_id, functools.partial(self._generate_once, session, body=body)
-                )
-                output_ids += segment.output_ids
-                logprobs += segment.logprobs
-                versions += segment.versions
-                finish, attempt = segment.finish, attempt + 1
-                if finish != "abort":  # aborted by pause(): wait for resume(), then continue
-                    break
-        return GenerationResponse(
-            input_ids=list(request.input_ids),
-            output_ids=output_ids,
-            logprobs=logprobs,
-            versions=versions,
-            stop_reason="stop" if finish == "stop" else "length",
-            latency=time.monotonic() - start,
+    async def _generate_segment(
+        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
+    ) -> Segment:
+        body = GenerateBody(
+            rid=f"{request.request_id}-{attempt}",  # SGLang keys in-flight state by rid
+            input_ids=request.input_ids + generated,
+            sampling_params=sampling_params(request.sampling, len(generated)),
         )
-
-    async def _generate_once(self, session: Any, address: str, body: GenerateBody) -> Segment:
         async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:

@@ -10,9 +10,9 @@ bearer token on every route but ``/health``, ``/ready`` and ``/metrics``) and ``
 from __future__ import annotations
 
 import importlib.util
-import json
 from typing import TYPE_CHECKING, Any
 
+from areal_core.engine_http import command_line_flags
 from areal_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,17 +44,8 @@ def server_command(config: Config, port: int, seed: int, token: str) -> list[str
         "weight-version": "0",
         "tp-size": config.rollout.devices_per_server,
     }
-    for key, value in config.rollout.engine_args.items():
-        flags[str(key).replace("_", "-")] = value
-    flags["api-key"] = token  # the client's bearer token, whatever engine_args say
-    args = ["-m", SERVER_MODULE]
-    for key, value in flags.items():
-        if value is True:
-            args.append(f"--{key}")
-        elif value is not False and value is not None:
-            rendered = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-            args += [f"--{key}", rendered]
-    return args
+    # the client's bearer token, whatever engine_args say
+    return ["-m", SERVER_MODULE, *command_line_flags(flags, {**config.rollout.engine_args, "api-key": token})]
 
 
 def server_env(platform: Platform) -> dict[str, str]:

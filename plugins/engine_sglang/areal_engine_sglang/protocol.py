@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from areal_core.engine import SamplingParams
+from areal_core.engine_http import Segment
 from areal_core.errors import ArealError
 from areal_core.hf_engine.protocol import to_json
 
@@ -120,18 +121,8 @@ def sampling_params(params: SamplingParams, generated: int) -> dict[str, Any]:
     return body
 
 
-@attrs.frozen(kw_only=True)
-class Segment:
-    """One ``/generate`` reply: the tokens generated before it finished or was aborted."""
-
-    output_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish: str  # "stop", "length" or "abort"
-
-
 def parse_generate(data: dict[str, Any]) -> Segment:
-    """A non-streamed ``GenerateResponse`` with ``return_logprob``; ArealError on an unexpected shape."""
+    """One non-streamed ``GenerateResponse`` with ``return_logprob``; ArealError on an unexpected shape."""
     try:
         meta = data["meta_info"]
         output_ids = [int(t) for t in data["output_ids"]]
@@ -146,7 +137,8 @@ def parse_generate(data: dict[str, Any]) -> Segment:
         raise ArealError("sglang /generate: output_token_logprobs do not match output_ids")
     if finish not in ("stop", "length", "abort"):
         raise ArealError(f"sglang /generate: unknown finish_reason {meta['finish_reason']!r}")
-    return Segment(output_ids=output_ids, logprobs=[float(row[0]) for row in rows], versions=versions, finish=finish)
+    logprobs = [float(row[0]) for row in rows]
+    return Segment(output_ids=output_ids, logprobs=logprobs, versions=versions, stop_reason=finish)
 
 
 def _token_versions(meta: dict[str, Any], n: int) -> list[int]:

@@ -10,16 +10,12 @@ remaining budget, so one response may carry tokens of two weight versions.
 
 from __future__ import annotations
 
-import functools
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
-from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
-from areal_core.engine_http import HTTPServerEngine, answers_ok, get_json
+from areal_core.engine import GenerationRequest, SamplingParams
+from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
@@ -41,16 +37,6 @@ if TYPE_CHECKING:
 
 _LABEL = "vllm server"
 _SEED_STRIDE = 1_000_003  # a resumed segment samples with seed * stride + tokens so far
-
-
-@attrs.frozen(kw_only=True)
-class _Segment:
-    """One ``/v1/completions`` reply: what was generated before it ended (or was aborted)."""
-
-    output_ids: list[int]
-    logprobs: list[float]
-    version: int
-    finish_reason: str
 
 
 class VLLMEngine(HTTPServerEngine):
@@ -83,52 +69,22 @@ class VLLMEngine(HTTPServerEngine):
         ]
 
     # ---------------------------------------------------------------- generation
-    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        import aiohttp
-
-        params = request.sampling
-        start = time.monotonic()
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
-        finish = "length"
-        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
-            while len(output_ids) < params.max_new_tokens:
-                await self._gate.wait()
-                body = _completion_body(request.input_ids + output_ids, params, len(output_ids))
-                # A lost server's segment re-runs on a live one from prompt + output so far.
-                segment = await self._on_live_server(
-                    request.request_id, functools.partial(self._complete, session, body=body)
-                )
-                output_ids += segment.output_ids
-                logprobs += segment.logprobs
-                versions += [segment.version] * len(segment.output_ids)
-                finish = segment.finish_reason
-                if finish != "abort":  # aborted by pause(): wait for resume(), then continue
-                    break
-        return GenerationResponse(
-            input_ids=list(request.input_ids),
-            output_ids=output_ids,
-            logprobs=logprobs,
-            versions=versions,
-            stop_reason="stop" if finish == "stop" else "length",
-            latency=time.monotonic() - start,
-        )
-
-    async def _complete(self, session: Any, address: str, body: dict[str, Any]) -> _Segment:
+    async def _generate_segment(
+        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
+    ) -> Segment:
+        body = _completion_body(request.input_ids + generated, request.sampling, len(generated))
         async with session.post(f"http://{address}/v1/completions", json=body) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
                 raise ArealError(f"{_LABEL} {address} /v1/completions failed ({resp.status}): {data}")
-            version = int(resp.headers.get(VERSION_HEADER, "0"))
+            version = int(resp.headers.get(VERSION_HEADER, "0"))  # weights change only while paused
         choice = data["choices"][0]
         ids = [int(token.removeprefix("token_id:")) for token in choice["logprobs"]["tokens"]]
-        return _Segment(
+        return Segment(
             output_ids=ids,
             logprobs=[float(lp) for lp in choice["logprobs"]["token_logprobs"]],
-            version=version,
-            finish_reason=choice.get("finish_reason") or "abort",
+            versions=[version] * len(ids),
+            stop_reason=choice.get("finish_reason") or "abort",
         )
 
     # ---------------------------------------------------------------- control (main thread)

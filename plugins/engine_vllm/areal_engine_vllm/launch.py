@@ -15,11 +15,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_core.engine_http import command_line_flags
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
-    TRANSFER_BACKEND,
     SERVED_NAME,
     TOKEN_ENV,
+    TRANSFER_BACKEND,
     VLLM_PLUGIN_NAME,
     WORKER_EXTENSION,
 )
@@ -49,16 +50,7 @@ def server_command(config: Config, port: int, seed: int) -> list[str]:
         "worker-extension-cls": WORKER_EXTENSION,
         "disable-uvicorn-access-log": True,
     }
-    for key, value in config.rollout.engine_args.items():
-        flags[str(key).replace("_", "-")] = value
-    args = ["-m", "vllm.entrypoints.openai.api_server"]
-    for key, value in flags.items():
-        if value is True:
-            args.append(f"--{key}")
-        elif value is not False and value is not None:
-            rendered = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-            args += [f"--{key}", rendered]
-    return args
+    return ["-m", "vllm.entrypoints.openai.api_server", *command_line_flags(flags, config.rollout.engine_args)]
 
 
 def server_env(platform: Platform, token: str, run_dir: Path) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from areal_engine_vllm.protocol import TRANSFER_BACKEND, TOKEN_ENV
+from areal_engine_vllm.protocol import TOKEN_ENV, TRANSFER_BACKEND
 
 log = logging.getLogger(f"vllm.{__name__}")  # under "vllm", whose handlers write the server log
 _registered = False
