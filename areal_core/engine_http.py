@@ -202,25 +202,6 @@ def post_json(
         raise ArealError(f"{label} {address} {endpoint} is unreachable: {exc}") from None
 
 
-def fan_out(
-    addresses: Sequence[str],
-    endpoint: str,
-    bodies: Sequence[dict[str, Any]],
-    headers: dict[str, str],
-    timeout: float,
-    label: str,
-) -> list[dict[str, Any]]:
-    """POST ``bodies[i]`` to ``addresses[i]`` in parallel; raise the first failure."""
-    if not addresses:
-        raise ArealError(f"no {label}s attached; call launch_servers() or attach() first")
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        futures = [
-            pool.submit(post_json, address, endpoint, body, headers, timeout, label)
-            for address, body in zip(addresses, bodies)
-        ]
-        return [future.result() for future in futures]
-
-
 def wait_healthy(
     ready: Callable[[], bool], handle: ProcessHandle, address: str, log_file: Path, deadline: float, label: str
 ) -> None:

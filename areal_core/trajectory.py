@@ -34,8 +34,3 @@ class Trajectory:
     @property
     def n_output_tokens(self) -> int:
         return sum(self.loss_mask)
-
-    @property
-    def oldest_version(self) -> int:
-        gen = [v for v in self.versions if v >= 0]
-        return min(gen) if gen else -1

@@ -19,14 +19,13 @@ from areal_core.engine_http import HTTPServerEngine, Segment
 from areal_core.errors import ArealError, ConfigError
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
-    CommitWeightsBody,
     GenerateBody,
     GenerateResult,
     Health,
     LoadWeightsBody,
-    ReceiveWeightsBody,
-    SetVersionBody,
+    VersionBody,
     WeightGroupBody,
+    bucket_body,
     from_json,
     to_json,
 )
@@ -109,7 +108,7 @@ class HFEngine(HTTPServerEngine):
         self._broadcast("/load_weights", body)
 
     def set_version(self, version: int) -> None:
-        self._broadcast("/set_version", to_json(SetVersionBody(version=version)))
+        self._broadcast("/set_version", to_json(VersionBody(version=version)))
 
     def init_weight_group(self, meta: WeightUpdateMeta) -> None:
         """Server ``i`` joins as rank ``1 + i``; blocks until the trainer (rank 0) joins too."""
@@ -134,16 +133,10 @@ class HFEngine(HTTPServerEngine):
 
     def receive_weights(self, meta: WeightUpdateMeta) -> None:
         """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
-        body = ReceiveWeightsBody(
-            names=list(meta.names),
-            dtypes=list(meta.dtypes),
-            shapes=[list(s) for s in meta.shapes],
-            version=meta.version,
-        )
-        self._broadcast("/receive_weights", to_json(body))
+        self._broadcast("/receive_weights", to_json(bucket_body(meta)))
 
     def commit_weights(self, version: int) -> None:
-        self._broadcast("/commit_weights", to_json(CommitWeightsBody(version=version)))
+        self._broadcast("/commit_weights", to_json(VersionBody(version=version)))
 
     def weights_digest(self) -> list[dict[str, str]]:
         """Per server: parameter name -> sha256 of its dtype, shape and bytes (see ``receiver.tensor_digest``)."""

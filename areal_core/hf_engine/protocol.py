@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+
+if TYPE_CHECKING:
+    from areal_core.weights import WeightUpdateMeta
 
 #: The server reads its bearer token from this variable; every endpoint but ``/health`` needs it.
 TOKEN_ENV = "AREAL_SERVER_TOKEN"
@@ -45,13 +48,6 @@ class LoadWeightsBody:
 
 
 @attrs.frozen(kw_only=True)
-class SetVersionBody:
-    """``POST /set_version``."""
-
-    version: int
-
-
-@attrs.frozen(kw_only=True)
 class WeightGroupBody:
     """``POST /init_weight_group``: join the trainer's broadcast group as rank ``rank_offset``."""
 
@@ -74,8 +70,8 @@ class ReceiveWeightsBody:
 
 
 @attrs.frozen(kw_only=True)
-class CommitWeightsBody:
-    """``POST /commit_weights``: swap every bucket staged for ``version`` in and serve it."""
+class VersionBody:
+    """``POST /set_version``, and ``POST /commit_weights`` (swap every bucket staged for ``version`` in)."""
 
     version: int
 
@@ -90,6 +86,13 @@ class Health:
     running: int
     queued: int
     served: int
+
+
+def bucket_body(meta: WeightUpdateMeta) -> ReceiveWeightsBody:
+    """The receive request for the bucket ``meta`` describes (names, dtypes, shapes, version)."""
+    return ReceiveWeightsBody(
+        names=list(meta.names), dtypes=list(meta.dtypes), shapes=[list(s) for s in meta.shapes], version=meta.version
+    )
 
 
 def to_json(body: Any) -> dict[str, Any]:

@@ -23,12 +23,11 @@ from areal_core.hf_engine.bucket import bucket_nbytes
 from areal_core.hf_engine.generator import Generator
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
-    CommitWeightsBody,
     GenerateBody,
     Health,
     LoadWeightsBody,
     ReceiveWeightsBody,
-    SetVersionBody,
+    VersionBody,
     WeightGroupBody,
     from_json,
     to_json,
@@ -129,7 +128,7 @@ class _Routes:
         return web.json_response({"paused": False})
 
     async def set_version(self, request: web.Request) -> web.Response:
-        body = await _body(request, SetVersionBody)
+        body = await _body(request, VersionBody)
         self.gen.version = body.version
         return web.json_response({"version": body.version})
 
@@ -171,7 +170,7 @@ class _Routes:
         return web.json_response({"staged": len(self.staged.tensors)})
 
     async def commit_weights(self, request: web.Request) -> web.Response:
-        body = await _body(request, CommitWeightsBody)
+        body = await _body(request, VersionBody)
 
         def swap() -> int:
             count = self.staged.commit(self.gen.model, body.version)

@@ -36,10 +36,6 @@ def trainer_devices(config: Config, platform: Platform, rank: int) -> tuple[int,
     return (config.rollout.servers * config.rollout.devices_per_server + rank,)
 
 
-def devices_needed(config: Config) -> int:
-    return config.rollout.servers * config.rollout.devices_per_server + config.actor.world_size
-
-
 def physical_devices(indices: Sequence[int], visible: str | None, env_var: str = "visible devices") -> tuple[str, ...]:
     """The ids to expose to a child for layout ``indices`` when this process sees only ``visible``
     (its own ``CUDA_VISIBLE_DEVICES``/``ASCEND_RT_VISIBLE_DEVICES``): index ``i`` is its ``i``-th entry,

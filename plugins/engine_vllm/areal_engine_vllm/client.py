@@ -23,11 +23,11 @@ from areal_engine_vllm.protocol import (
     SERVED_NAME,
     TOKEN_ENV,
     VERSION_HEADER,
-    BucketBody,
     DiskUpdateBody,
     ServerState,
     VersionBody,
     WeightGroupBody,
+    bucket_body,
     from_json,
     to_json,
 )
@@ -116,13 +116,7 @@ class VLLMEngine(HTTPServerEngine):
 
     def receive_weights(self, meta: WeightUpdateMeta) -> None:
         """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
-        body = BucketBody(
-            names=list(meta.names),
-            dtypes=list(meta.dtypes),
-            shapes=[list(s) for s in meta.shapes],
-            version=meta.version,
-        )
-        self._broadcast("/areal/receive_weights", to_json(body))
+        self._broadcast("/areal/receive_weights", to_json(bucket_body(meta)))
 
     def commit_weights(self, version: int) -> None:
         self._broadcast("/areal/commit_weights", to_json(VersionBody(version=version)))

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import attrs
 
-from areal_core.hf_engine.protocol import from_json, to_json
+from areal_core.hf_engine.protocol import ReceiveWeightsBody, VersionBody, bucket_body, from_json, to_json
 
-__all__ = ["from_json", "to_json"]  # shared JSON helpers, re-exported for the patch and the client
+# shared with the hf server: JSON helpers and the bucket/version bodies (same wire format)
+__all__ = ["ReceiveWeightsBody", "VersionBody", "bucket_body", "from_json", "to_json"]
 
 #: The bearer token of the /areal/* routes (and ``--api-key``). Its presence turns the patch on:
 #: vLLM processes started without it are left untouched.
@@ -47,23 +48,6 @@ class WeightGroupBody:
     group_name: str
     backend: str = "gloo"
     timeout_s: float = 300.0
-
-
-@attrs.frozen(kw_only=True)
-class BucketBody:
-    """``POST /areal/receive_weights``: stage one flat bucket of ``version`` (layout: ``hf_engine.bucket``)."""
-
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    version: int
-
-
-@attrs.frozen(kw_only=True)
-class VersionBody:
-    """``POST /areal/commit_weights`` and ``/areal/set_version``."""
-
-    version: int
 
 
 @attrs.frozen(kw_only=True)

@@ -39,8 +39,8 @@ from areal_engine_vllm.protocol import (
     TOKEN_ENV,
     VERSION_HEADER,
     VLLM_PLUGIN_NAME,
-    BucketBody,
     DiskUpdateBody,
+    ReceiveWeightsBody,
     ServerState,
     VersionBody,
     WeightGroupBody,
@@ -159,7 +159,7 @@ class ArealRoutes:
     async def receive_weights(self, request: Request) -> dict[str, Any]:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        body = from_json(BucketBody, await _json(request))
+        body = from_json(ReceiveWeightsBody, await _json(request))
         weights = self._weights()
         if weights.session_version is None:
             await weights.engine.start_weight_update()
