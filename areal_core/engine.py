@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.scheduler.base import ProcessHandle, Scheduler
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec
 
 StopReason = Literal["stop", "length", "abort"]
 
@@ -88,21 +88,6 @@ class InferenceEngine(abc.ABC):
     def load_weights_from_disk(self, path: str, version: int) -> None:
         """Ask every server to load HF safetensors from ``path`` and serve them as ``version``."""
 
-    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
-        """Join the trainer's broadcast group (receiving half of ``xccl``)."""
-        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
-
-    def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Receive one broadcast bucket described by ``meta`` into a staging area (``xccl``)."""
-        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
-
-    def commit_weights(self, version: int) -> None:
-        """Swap every staged bucket in at once and serve them as ``version`` (``xccl``).
-
-        Until this call the old weights keep serving, so a failure mid-transfer changes nothing.
-        """
-        raise NotImplementedError(f"engine {self.name!r} does not support collective weight updates")
-
     @abc.abstractmethod
     def set_version(self, version: int) -> None:
         """Tag tokens generated from now on with ``version``."""
@@ -153,3 +138,19 @@ class InferenceEngine(abc.ABC):
     def server_handles(self) -> list[ProcessHandle]:
         """Every server process this engine started (the fleet, not the trainer, handles their exit)."""
         return []
+
+
+@runtime_checkable
+class SupportsWeightChannel(Protocol):
+    """An engine that takes collective weight updates (``actor.weight_update: xccl``) through its
+    own protocol: it names the trainer half (:mod:`areal_core.weight_channel`) and commits."""
+
+    def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
+        """The channel every training rank opens to reach this engine's current members, with its
+        rendezvous at ``master_addr:master_port`` (hosted by trainer rank 0)."""
+        ...
+
+    def commit_weights(self, version: int) -> None:
+        """Serve what the channel sent as ``version`` on every member (staging engines swap now;
+        until this call the old weights keep serving)."""
+        ...

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.scheduler.base import Scheduler
+    from areal_core.weight_channel import ChannelSpec
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -491,6 +492,25 @@ class HTTPServerEngine(InferenceEngine):
 
     def close(self) -> None:
         """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
+
+    def _channel_spec(
+        self, channel: str, backend: str, master_addr: str, master_port: int, group_name: str
+    ) -> ChannelSpec:
+        """The :class:`ChannelSpec` of weight channel ``channel`` to the current members."""
+        from areal_core.weight_channel import ChannelSpec
+
+        return ChannelSpec(
+            channel=channel,
+            servers=self.members(),
+            token=self.token,
+            backend=backend,
+            master_addr=master_addr,
+            master_port=master_port,
+            group_name=group_name,
+            bucket_bytes=self.config.actor.weight_chunked_mem_mb << 20,
+            timeout_s=self.config.rollout.request_timeout,
+            ranks_per_server=self.config.rollout.devices_per_server,
+        )
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}

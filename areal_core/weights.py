@@ -1,33 +1,36 @@
-"""WeightUpdater: the trainer-side half of a weight path (disk, xccl, ...)."""
+"""WeightUpdater: the trainer-side half of a weight path (disk, xccl, ...), and the trainer
+handle an updater is given."""
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar
-
-import attrs
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.engine import InferenceEngine
     from areal_core.platform import Platform
-    from areal_core.train.controller import TrainController
+    from areal_core.weight_channel import ChannelSpec
 
 
-@attrs.frozen(kw_only=True)
-class WeightUpdateMeta:
-    """What the receiving side needs to know about one update (or one bucket of it)."""
+class TrainerHandle(Protocol):
+    """What a weight updater may ask of the training workers (all ranks act together)."""
 
-    version: int
-    path: str | None = None  # disk: the directory to load
-    group_name: str = "areal_weights"
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    world_size: int = 0
-    backend: str = "gloo"
-    names: tuple[str, ...] = ()
-    dtypes: tuple[str, ...] = ()
-    shapes: tuple[tuple[int, ...], ...] = ()
+    def save_hf(self, path: str) -> None:
+        """Write a Hugging Face model directory (weights, config, tokenizer) at ``path``."""
+        ...
+
+    def open_weight_channel(self, spec: ChannelSpec) -> None:
+        """Open an engine's weight channel on every rank; rank 0 joins the servers' group."""
+        ...
+
+    def send_weights(self, version: int) -> None:
+        """Send the current weights through the open channel as ``version``."""
+        ...
+
+    def close_weight_channel(self) -> None:
+        """Leave the weight channel (peers blocked in it fail now)."""
+        ...
 
 
 class WeightUpdater(abc.ABC):
@@ -40,7 +43,7 @@ class WeightUpdater(abc.ABC):
         self.platform = platform
 
     @abc.abstractmethod
-    def connect(self, trainer: TrainController, engine: InferenceEngine) -> None:
+    def connect(self, trainer: TrainerHandle, engine: InferenceEngine) -> None:
         """Set up the path once, before the first update (groups, directories)."""
 
     @abc.abstractmethod

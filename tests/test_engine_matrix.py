@@ -14,7 +14,6 @@ the command swapped. With ``AREAL_TEST_REAL_SGLANG=1`` (a GPU host with sglang i
 
 from __future__ import annotations
 
-import datetime
 import functools
 import importlib.util
 import json
@@ -33,7 +32,6 @@ import torch
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.engine_http import wait_healthy
-from areal_core.hf_engine.bucket import flatten_bucket
 from areal_core.platform import CpuPlatform, Platform, resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.base import free_port
@@ -49,7 +47,7 @@ from areal_core.testing import (
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weights import WeightUpdateMeta
+from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
 
 pytestmark = pytest.mark.slow
 
@@ -168,46 +166,38 @@ def restore(served: Served) -> Iterator[Served]:
 class InProcessTrainer:
     """Test double of ``TrainController`` for the weight updaters: a transformers model in this process.
 
-    ``disk`` uses ``save_hf``; ``xccl`` uses the collective methods over a real process group,
-    sending each bucket as one flat tensor like the training workers do.
+    ``disk`` uses ``save_hf``; ``xccl`` opens the engine's own weight channel in this process (as
+    trainer rank 0) and sends its parameters through it, like the training workers do.
     """
 
     def __init__(self, base: Path, seed: int, device: torch.device) -> None:
         self.base = base
         self.model = perturbed_model(base, seed=seed, scale=0.2)
         self.device = device
-        self._group: tuple[Any, Any] | None = None
+        self._channel: WeightChannel | None = None
 
     def save_hf(self, path: str) -> None:
         self.model.save_pretrained(path)
         save_tokenizer_without_eos(self.base, path)
 
-    def full_tensor_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         return [(name, "float32", tuple(p.shape)) for name, p in self.model.named_parameters()]
 
-    def join_weight_group(self, meta: WeightUpdateMeta, timeout_s: float) -> None:
-        import torch.distributed as dist
-        from torch.distributed import _dist2
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((name, p.detach().to(self.device)) for name, p in self.model.named_parameters())
 
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(meta.master_addr, meta.master_port, is_master=False, timeout=timeout)
-        factory = _dist2._BACKENDS[meta.backend]
-        self._group = (
-            factory(dist.PrefixStore(meta.group_name, store), 0, meta.world_size, timeout, self.device),
-            store,
-        )
+    def open_weight_channel(self, spec: ChannelSpec) -> None:
+        self._channel = open_channel(spec, rank=0, device=self.device)
+        self._channel.join()
 
-    def broadcast_weights(self, buckets: list[list[str]]) -> None:
-        assert self._group is not None, "join_weight_group first"
-        params = dict(self.model.named_parameters())
-        for names in buckets:
-            flat = flatten_bucket([params[name].detach() for name in names]).to(self.device)
-            self._group[0].broadcast(flat, 0).wait()
+    def send_weights(self, version: int) -> None:
+        assert self._channel is not None, "open_weight_channel first"
+        self._channel.send(self, version)
 
-    def leave_weight_group(self) -> None:
-        if self._group is not None:
-            self._group[0].abort()
-            self._group = None
+    def close_weight_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.leave()
+            self._channel = None
 
 
 def _xccl_platform(served: Served) -> tuple[Platform, torch.device]:
@@ -286,7 +276,7 @@ def test_xccl_update_then_greedy_equals_transformers_with_the_new_weights(restor
     updater = load_plugins().get("weight_updater", "xccl")(config, platform)
     updater.connect(trainer, engine)
     try:
-        assert len(updater._buckets) >= 2  # 1 MB buckets: the tiny model spans several
+        assert len(plan_buckets(trainer.specs(), 1 << 20)) >= 2  # 1 MB buckets: the tiny model spans several
         engine.pause()
         try:
             updater.update(7)

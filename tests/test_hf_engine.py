@@ -7,13 +7,10 @@ server is shared per module; tests that change its weights restore version 0 aft
 
 from __future__ import annotations
 
-import datetime
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +24,10 @@ from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.engine import GenerationRequest, SamplingParams
 from areal_core.engine_http import Router
 from areal_core.errors import ArealError
-from areal_core.hf_engine.bucket import flatten_bucket, unflatten_bucket
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.generator import sample
 from areal_core.platform import CpuPlatform
+from areal_core.scheduler.base import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
@@ -42,7 +39,7 @@ from areal_core.testing import (
     wait_for,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weights import WeightUpdateMeta
+from areal_core.weight_channel import flatten_bucket, open_channel, unflatten_bucket
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9], [20, 3], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9]]
 LOGPROB_ATOL = 1e-4  # fp32 server vs fp32 recomputation; batching changes summation order only
@@ -265,36 +262,31 @@ def test_load_refuses_paths_outside_the_run_dir(served: Served, tmp_path: Path) 
     assert served.engine.server_health()[0].version == 0
 
 
+class _Tensors:
+    """A fixed :class:`~areal_core.weight_channel.TensorSource`."""
+
+    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+        self.named = named
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in self.named.items()]
+
+    def __iter__(self) -> Any:
+        return iter(self.named.items())
+
+
 @pytest.mark.slow
-def test_collective_receive_from_a_gloo_rank0(served: Served, restore_v0: None) -> None:
-    import socket
-
-    import torch.distributed as dist
-
+def test_the_hf_channel_stages_buckets_until_the_commit(served: Served, restore_v0: None) -> None:
     engine = served.engine
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    meta = WeightUpdateMeta(version=7, master_port=port, world_size=2, group_name="test_weights")
-    timeout = datetime.timedelta(seconds=60)
-    joined = _in_thread(engine.init_weight_group, meta)
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timeout)
-    group = dist.ProcessGroupGloo(dist.PrefixStore(meta.group_name, store), 0, 2, timeout)
-    joined.result(timeout=60)
+    spec = engine.weight_channel("127.0.0.1", free_port(), "test_weights")
+    channel = open_channel(attrs.evolve(spec, bucket_bytes=4096), rank=0, device=torch.device("cpu"))
+    channel.join()
 
     new_model = perturbed_model(served.v0_dir, seed=2, scale=0.2)
     names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
     params = dict(new_model.named_parameters())
     tensors = [params[names[0]].detach(), params[names[1]].detach().to(torch.bfloat16), params[names[2]].detach()]
-    bucket = attrs.evolve(
-        meta,
-        names=tuple(names),
-        dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
-        shapes=tuple(tuple(t.shape) for t in tensors),
-    )
-    received = _in_thread(engine.receive_weights, bucket)
-    group.broadcast(flatten_bucket(tensors), 0).wait()
-    received.result(timeout=60)
+    channel.send(_Tensors(dict(zip(names, tensors))), 7)
     (staged,) = generate_all(engine, [greedy_request(PROMPTS[3], 24)])  # staged only: old weights serve
     assert staged.versions == [0] * 24 and staged.output_ids == hf_greedy(served.model, PROMPTS[3], 24)
     with pytest.raises(ArealError, match="cannot commit version 8: version 7 is staged"):
@@ -302,6 +294,7 @@ def test_collective_receive_from_a_gloo_rank0(served: Served, restore_v0: None) 
     engine.commit_weights(7)
     with pytest.raises(ArealError, match="nothing is staged"):  # a commit consumes the staged buckets
         engine.commit_weights(7)
+    channel.leave()
 
     expected = load_model(served.v0_dir)  # the servers' v0 weights ...
     with torch.no_grad():  # ... with the three received tensors (bf16 one cast back to fp32)
@@ -311,20 +304,6 @@ def test_collective_receive_from_a_gloo_rank0(served: Served, restore_v0: None) 
     assert resp.versions == [7] * 24
     assert resp.output_ids == hf_greedy(expected, PROMPTS[3], 24)
     assert resp.output_ids != hf_greedy(served.model, PROMPTS[3], 24)
-    del group, store
-
-
-def _in_thread(fn, *args: Any) -> Future:
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test via the future
-            future.set_exception(exc)
-
-    threading.Thread(target=run, daemon=True).start()
-    return future
 
 
 # --------------------------------------------------------------------------- two servers, start-up

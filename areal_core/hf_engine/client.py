@@ -24,15 +24,13 @@ from areal_core.hf_engine.protocol import (
     Health,
     LoadWeightsBody,
     VersionBody,
-    WeightGroupBody,
-    bucket_body,
     from_json,
     to_json,
 )
 from areal_core.scheduler.base import ProcessSpec
 
 if TYPE_CHECKING:
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec
 
 #: ``rollout.engine_args`` keys the hf server understands (passed as ``--max-batch-size`` etc.).
 ENGINE_ARGS = ("max_batch_size", "group_timeout")
@@ -110,30 +108,9 @@ class HFEngine(HTTPServerEngine):
     def set_version(self, version: int) -> None:
         self._broadcast("/set_version", to_json(VersionBody(version=version)))
 
-    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
-        """Server ``i`` joins as rank ``1 + i``; blocks until the trainer (rank 0) joins too."""
-        if meta.world_size != 1 + len(self.addresses):
-            raise ValueError(
-                f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} hf servers"
-            )
-        bodies = [
-            to_json(
-                WeightGroupBody(
-                    master_addr=meta.master_addr,
-                    master_port=meta.master_port,
-                    rank_offset=1 + i,
-                    world_size=meta.world_size,
-                    backend=meta.backend,
-                    group_name=meta.group_name,
-                )
-            )
-            for i in range(len(self.addresses))
-        ]
-        self._fan_out("/init_weight_group", bodies)
-
-    def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
-        self._broadcast("/receive_weights", to_json(bucket_body(meta)))
+    def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
+        """Gloo buckets from trainer rank 0 (:mod:`areal_core.hf_engine.channel`)."""
+        return self._channel_spec("areal_core.hf_engine.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name)
 
     def commit_weights(self, version: int) -> None:
         self._broadcast("/commit_weights", to_json(VersionBody(version=version)))

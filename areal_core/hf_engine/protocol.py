@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import attrs
-
-if TYPE_CHECKING:
-    from areal_core.weights import WeightUpdateMeta
 
 #: The server reads its bearer token from this variable; every endpoint but ``/health`` needs it.
 TOKEN_ENV = "AREAL_SERVER_TOKEN"
@@ -61,7 +58,7 @@ class WeightGroupBody:
 
 @attrs.frozen(kw_only=True)
 class ReceiveWeightsBody:
-    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.hf_engine.bucket`)."""
+    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.weight_channel`)."""
 
     names: list[str]
     dtypes: list[str]
@@ -86,13 +83,6 @@ class Health:
     running: int
     queued: int
     served: int
-
-
-def bucket_body(meta: WeightUpdateMeta) -> ReceiveWeightsBody:
-    """The receive request for the bucket ``meta`` describes (names, dtypes, shapes, version)."""
-    return ReceiveWeightsBody(
-        names=list(meta.names), dtypes=list(meta.dtypes), shapes=[list(s) for s in meta.shapes], version=meta.version
-    )
 
 
 def to_json(body: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from areal_core.hf_engine.bucket import bucket_nbytes, unflatten_bucket
 from areal_core.hf_engine.protocol import ReceiveWeightsBody, WeightGroupBody
+from areal_core.weight_channel import bucket_nbytes, unflatten_bucket
 
 log = logging.getLogger(__name__)
 
@@ -157,25 +157,21 @@ class StagedWeights:
 
 
 class WeightGroup:
-    """This server's membership in the trainer's broadcast group (trainer rank 0 sends)."""
+    """This server's membership in the trainer's broadcast group (trainer rank 0 sends).
+
+    The group is gloo, built with torch's public ``ProcessGroupGloo`` over a ``PrefixStore`` of the
+    trainer's TCPStore (hosted by trainer rank 0): the hf engine's channel
+    (:mod:`areal_core.hf_engine.channel`) builds the other end the same way.
+    """
 
     def __init__(self, body: WeightGroupBody, timeout_s: float) -> None:
-        from areal_core.collective import join_weight_group
-
         if body.backend != "gloo":
             raise ValueError(f"backend {body.backend!r} is not supported by the hf server (it runs on CPU); use 'gloo'")
         if not 0 < body.rank_offset < body.world_size:
             raise ValueError(f"rank_offset {body.rank_offset} must be in [1, world_size={body.world_size})")
         self.rank = body.rank_offset
-        self.group, self.store = join_weight_group(  # the group keeps using the store
-            backend=body.backend,
-            master_addr=body.master_addr,
-            master_port=body.master_port,
-            group_name=body.group_name,
-            rank=self.rank,
-            world_size=body.world_size,
-            timeout_s=timeout_s,
-            device=torch.device("cpu"),
+        self.group, self.store = join_gloo_group(  # the group keeps using the store
+            body.master_addr, body.master_port, body.group_name, self.rank, body.world_size, timeout_s
         )
         log.info("joined weight group %r as rank %d/%d", body.group_name, self.rank, body.world_size)
 
@@ -197,3 +193,16 @@ class WeightGroup:
             self.group.abort()
         except RuntimeError as exc:
             log.warning("aborting weight group: %s", exc)
+
+
+def join_gloo_group(
+    master_addr: str, master_port: int, group_name: str, rank: int, world_size: int, timeout_s: float
+) -> tuple[Any, Any]:
+    """Join gloo group ``group_name`` as ``rank`` at the TCPStore rank 0 hosts; ``(group, store)``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+    return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, timeout), store

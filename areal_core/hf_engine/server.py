@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import torch
 from aiohttp import web
 
-from areal_core.hf_engine.bucket import bucket_nbytes
 from areal_core.hf_engine.generator import Generator
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
@@ -41,6 +40,7 @@ from areal_core.hf_engine.receiver import (
     model_digest,
     read_safetensors_dir,
 )
+from areal_core.weight_channel import bucket_nbytes
 
 log = logging.getLogger("areal_core.hf_engine.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

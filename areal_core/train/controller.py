@@ -23,17 +23,16 @@ from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, fre
 from areal_core.scheduler.devices import trainer_devices
 from areal_core.train.worker import (
     AUTHKEY_ENV,
-    BroadcastWeights,
     Build,
+    CloseWeightChannel,
     ComputeLogprobs,
-    FullTensorSpecs,
     Hello,
-    JoinWeightGroup,
-    LeaveWeightGroup,
     LoadCheckpoint,
+    OpenWeightChannel,
     Reply,
     SaveCheckpoint,
     SaveHF,
+    SendWeights,
     Shutdown,
     TrainStep,
 )
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.trajectory import Trajectory
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec
 
 _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show
@@ -226,20 +225,17 @@ class TrainController:
         self.step = self._call(LoadCheckpoint(str(path)))
 
     # ------------------------------------------------------------------ collective weight path
-    def full_tensor_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """(name, dtype, shape) of every tensor :meth:`broadcast_weights` sends, in order."""
-        return self._call(FullTensorSpecs())
+    def open_weight_channel(self, spec: ChannelSpec) -> None:
+        """Every rank opens the engine's weight channel; rank 0 joins the servers' group (blocks
+        until all members joined)."""
+        self._raise_weight_error(self._call(OpenWeightChannel(spec)))
 
-    def join_weight_group(self, meta: WeightUpdateMeta, timeout_s: float) -> None:
-        """Trainer rank 0 joins the broadcast group at ``meta``'s rendezvous (blocks until all members do)."""
-        self._raise_weight_error(self._call(JoinWeightGroup(meta, timeout_s)))
+    def send_weights(self, version: int) -> None:
+        """Gather the full tensors on every rank; rank 0 sends them through the channel as ``version``."""
+        self._raise_weight_error(self._call(SendWeights(version)))
 
-    def broadcast_weights(self, buckets: list[list[str]]) -> None:
-        """Gather the full tensors on every rank; rank 0 broadcasts each bucket of names in order."""
-        self._raise_weight_error(self._call(BroadcastWeights(buckets)))
-
-    def leave_weight_group(self) -> None:
-        self._call(LeaveWeightGroup())
+    def close_weight_channel(self) -> None:
+        self._call(CloseWeightChannel())
 
     @staticmethod
     def _raise_weight_error(error: str | None) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.trajectory import Trajectory
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec, WeightChannel
 
 #: Files in a model directory that are weights (not copied next to saved weights by save_hf).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
@@ -151,8 +151,7 @@ class TrainEngine:
         self.model: nn.Module | None = None
         self.ref_model: nn.Module | None = None
         self._owns_process_group = False
-        self._weight_group: tuple[dist.ProcessGroup, dist.Store] | None = None  # rank 0 only
-        self._send_buffers: list[torch.Tensor] = []  # rank 0's bucket buffers (see _pack_bucket)
+        self._channel: WeightChannel | None = None  # the engine's weight channel, once opened
 
     # ------------------------------------------------------------------ set-up
     def initialize(self) -> None:
@@ -214,7 +213,7 @@ class TrainEngine:
 
     def destroy(self) -> None:
         """Release the weight group, and the process group if this engine created it."""
-        self.leave_weight_group()
+        self.close_weight_channel()
         if self._owns_process_group and dist.is_initialized():
             if dist.get_world_size() > 1:
                 try:  # leave together: a peer tearing gloo down early can abort this process
@@ -408,98 +407,42 @@ class TrainEngine:
         named = [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
         return [(name, dtype, tuple(value.shape)) for name, value in named]
 
-    def join_weight_group(self, meta: WeightUpdateMeta, timeout_s: float) -> str | None:
-        """Rank 0 joins the inference servers' broadcast group as its rank 0 (other ranks: no-op).
+    def open_weight_channel(self, spec: ChannelSpec) -> str | None:
+        """Collective: open the engine's weight channel ``spec`` on this rank (rank 0 joins the
+        servers' group). Returns rank 0's error message if joining failed (training is unaffected)."""
+        from areal_core.weight_channel import open_channel
 
-        The rendezvous is ``meta``'s TCPStore (not the training group); the backend comes from
-        ``meta.backend`` through torch's stateless process-group factories. Returns the error
-        message if joining failed (the training group is unaffected), else None.
-        """
-        self.leave_weight_group()
-        if self.rank != 0:
-            return None
-        from areal_core.collective import join_weight_group
-
+        self.close_weight_channel()
+        channel = open_channel(spec, rank=self.rank, device=self.device)
         try:
-            group, store = join_weight_group(
-                backend=meta.backend,
-                master_addr=meta.master_addr,
-                master_port=meta.master_port,
-                group_name=meta.group_name,
-                rank=0,
-                world_size=meta.world_size,
-                timeout_s=timeout_s,
-                device=self.device,
-            )
+            channel.join()
         except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
-            return f"joining weight group {meta.group_name!r} failed: {type(exc).__name__}: {exc}"
-        self._weight_group = (group, store)
+            channel.leave()
+            return f"joining weight group {spec.group_name!r} failed: {type(exc).__name__}: {exc}"
+        self._channel = channel
         return None
 
-    def broadcast_weights(self, buckets: Sequence[Sequence[str]]) -> str | None:
-        """Collective: every rank gathers the full tensors (``iter_full_tensors``, model dtype) in
-        order; rank 0 packs each bucket of names into one flat tensor and broadcasts it to the
-        weight group, overlapping the next gather with the send.
+    def send_weights(self, version: int) -> str | None:
+        """Collective: every rank gathers the full tensors (model dtype, in order) and rank 0 sends
+        them through the open channel as ``version``. A send failure does not stop the gathers
+        (the training group stays consistent): the channel is closed and the error returned."""
+        source = _FullTensors(self)
+        if self._channel is None:
+            source.drain()
+            return "no weight channel is open; open_weight_channel first"
+        try:
+            self._channel.send(source, version)
+        except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
+            source.drain()
+            self.close_weight_channel()
+            return f"sending weights v{version} failed: {type(exc).__name__}: {exc}"
+        return None
 
-        A broadcast failure does not stop the gathers (the training group stays consistent):
-        rank 0 leaves the weight group, so the servers fail fast too, and returns the error.
-        """
-        if self.rank == 0 and self._weight_group is None:
-            error: str | None = "rank 0 is not in a weight group; join_weight_group first"
-        else:
-            error = None
-        tensors = self.iter_full_tensors(getattr(torch, self.config.model.dtype))
-        pending: tuple[dist.Work, torch.Tensor] | None = None  # keep the buffer alive until sent
-        for index, names in enumerate(buckets):
-            bucket = [next(tensors) for _ in names]
-            got = [name for name, _ in bucket]
-            if got != list(names):
-                raise ValueError(f"bucket {index} names {list(names)[:3]}... do not match the model's {got[:3]}...")
-            if self.rank != 0 or error is not None:
-                continue
-            try:
-                flat = self._pack_bucket([t for _, t in bucket], index % 2)
-                if pending is not None:
-                    pending[0].wait()
-                pending = (self._weight_group[0].broadcast(flat, 0), flat)
-            except Exception as exc:  # noqa: BLE001 - reported to the controller; training goes on
-                error = f"broadcasting bucket {index} failed: {type(exc).__name__}: {exc}"
-                self.leave_weight_group()
-        leftover = next(tensors, None)
-        if leftover is not None:
-            raise ValueError(f"{leftover[0]!r} is in no bucket; buckets must cover full_tensor_specs()")
-        if pending is not None and error is None:
-            try:
-                pending[0].wait()
-            except Exception as exc:  # noqa: BLE001 - as above
-                error = f"broadcasting the last bucket failed: {type(exc).__name__}: {exc}"
-                self.leave_weight_group()
-        return error
-
-    def _pack_bucket(self, tensors: list[torch.Tensor], slot: int) -> torch.Tensor:
-        """The tensors' bytes, back to back, in send buffer ``slot`` (two alternate, so one can be
-        filled while the other is sent; kept across updates, so their memory is touched once)."""
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        while len(self._send_buffers) <= slot:
-            self._send_buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
-        if self._send_buffers[slot].numel() < nbytes:
-            self._send_buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        flat, offset = self._send_buffers[slot][:nbytes], 0
-        for t in tensors:  # the layout of ``areal_core.hf_engine.bucket.flatten_bucket``
-            n = t.numel() * t.element_size()
-            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
-            offset += n
-        return flat
-
-    def leave_weight_group(self) -> None:
-        """Abort this rank's weight group, if any: peers blocked in it fail instead of waiting."""
-        if self._weight_group is not None:
-            group, _ = self._weight_group
-            self._weight_group = None
-            try:
-                group.abort()
-            except RuntimeError:  # already broken; nothing to release
-                pass
+    def close_weight_channel(self) -> None:
+        """Leave the weight channel, if any: peers blocked in it fail instead of waiting."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.leave()
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """Collective; rank 0 writes safetensors + config + tokenizer files into ``path``."""
@@ -531,6 +474,27 @@ class TrainEngine:
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Collective restore of :meth:`save_checkpoint`'s directory."""
         self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.platform.device_type)
+
+
+class _FullTensors:
+    """The engine's weights as a channel's :class:`~areal_core.weight_channel.TensorSource`: one
+    iteration per send, which :meth:`drain` finishes (the gathers are collective over ranks)."""
+
+    def __init__(self, engine: TrainEngine) -> None:
+        self._engine = engine
+        self._iterator: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return self._engine.full_tensor_specs()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._iterator = self._engine.iter_full_tensors(getattr(torch, self._engine.config.model.dtype))
+        return self._iterator
+
+    def drain(self) -> None:
+        """Finish the gathers this rank owes its peers (a whole pass if none was started)."""
+        for _ in self._iterator if self._iterator is not None else iter(self):
+            pass
 
 
 def _enable_activation_checkpointing(lm: nn.Module) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.train.engine import TrainEngine
     from areal_core.trajectory import Trajectory
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
 
@@ -103,38 +103,29 @@ class LoadCheckpoint:
 
 
 @attrs.frozen
-class FullTensorSpecs:
-    """(name, dtype, shape) of every tensor a weight broadcast sends, in order."""
+class OpenWeightChannel:
+    """Open the engine's weight channel (rank 0 joins the servers); returns an error message or None."""
 
-    def run(self, engine: TrainEngine) -> list[tuple[str, str, tuple[int, ...]]]:
-        return engine.full_tensor_specs()
-
-
-@attrs.frozen
-class JoinWeightGroup:
-    """Rank 0 joins the inference servers' broadcast group; returns an error message or None."""
-
-    meta: WeightUpdateMeta
-    timeout_s: float
+    spec: ChannelSpec
 
     def run(self, engine: TrainEngine) -> str | None:
-        return engine.join_weight_group(self.meta, self.timeout_s)
+        return engine.open_weight_channel(self.spec)
 
 
 @attrs.frozen
-class BroadcastWeights:
-    """All ranks gather, rank 0 broadcasts each bucket of names; returns an error message or None."""
+class SendWeights:
+    """All ranks gather, rank 0 sends through the channel; returns an error message or None."""
 
-    buckets: list[list[str]]
+    version: int
 
     def run(self, engine: TrainEngine) -> str | None:
-        return engine.broadcast_weights(self.buckets)
+        return engine.send_weights(self.version)
 
 
 @attrs.frozen
-class LeaveWeightGroup:
+class CloseWeightChannel:
     def run(self, engine: TrainEngine) -> None:
-        engine.leave_weight_group()
+        engine.close_weight_channel()
 
 
 @attrs.frozen

@@ -65,8 +65,7 @@ class NpuPlatform(Platform):
 
     # ------------------------------------------------------------------ per process
     def init_process(self) -> None:
-        """Import torch_npu (registers the ``npu`` device and the ``hccl`` c10d backend) and make
-        ``hccl`` available to stateless process groups (the xccl weight-update group)."""
+        """Import torch_npu, which registers the ``npu`` device and the ``hccl`` c10d backend."""
         try:
             import torch_npu  # noqa: F401
         except Exception as exc:  # noqa: BLE001 - ImportError, or OSError from a missing CANN library
@@ -75,9 +74,6 @@ class NpuPlatform(Platform):
                 "platform 'npu' needs torch_npu (the build matching your torch) and CANN "
                 f"(source /usr/local/Ascend/ascend-toolkit/set_env.sh): import torch_npu failed: {detail}"
             ) from None
-        from areal_platform_npu.stateless import register_stateless_backend
-
-        register_stateless_backend(self.dist_backend)
 
     @staticmethod
     def _npu() -> Any:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.engine import InferenceEngine
     from areal_core.platform import Platform
-    from areal_core.train.controller import TrainController
+    from areal_core.weights import TrainerHandle
 
 _TMP_PREFIX = ".tmp-v"
 _VERSION_DIR = re.compile(r"v\d+")
@@ -35,10 +35,10 @@ class DiskWeightUpdater(WeightUpdater):
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)
         self.weights_dir = Path(config.run_dir).resolve() / "weights"
-        self._trainer: TrainController | None = None
+        self._trainer: TrainerHandle | None = None
         self._engine: InferenceEngine | None = None
 
-    def connect(self, trainer: TrainController, engine: InferenceEngine) -> None:
+    def connect(self, trainer: TrainerHandle, engine: InferenceEngine) -> None:
         self._trainer, self._engine = trainer, engine
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.weights_dir.glob(f"{_TMP_PREFIX}*"):  # left by a crashed writer
