@@ -83,6 +83,7 @@ class RolloutConfig:
     server_startup_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     engine_args: dict[str, Any] = attrs.Factory(dict)  # passed through to the engine's server
     health_check_interval: float = attrs.field(default=5.0, validator=_gt(0))  # seconds between server checks
+    health_timeout_s: float = attrs.field(default=30.0, validator=_gt(0))  # silent this long: hung, so lost
     restart_failed: bool = False  # start a replacement when a server dies (it loads the current weights)
 
 

@@ -257,6 +257,7 @@ class HTTPServerEngine(InferenceEngine):
         self._free_device_slots: list[int] = []  # of lost servers: a replacement takes one
         self._started = 0  # servers started so far (names them)
         self._processes: list[ProcessHandle] = []  # every server process started, lost ones too
+        self._silent_since: dict[str, float] = {}  # address -> when its health check first failed
 
     @abc.abstractmethod
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
@@ -398,15 +399,21 @@ class HTTPServerEngine(InferenceEngine):
             return list(self._processes)
 
     def server_lost(self, address: str) -> bool:
-        """True if the server's process has exited, or (without a process handle) it stays
-        unreachable for ``LOST_GRACE_S``; False as soon as it answers its health check."""
+        """True if the server's process has exited, or it has not answered its health check for
+        ``rollout.health_timeout_s`` (hung, e.g. stopped: its process is then stopped with it); a
+        server this engine did not start is lost once unreachable for ``LOST_GRACE_S``. False as
+        soon as it answers."""
         handle = self._handles.get(address)
         deadline = time.monotonic() + LOST_GRACE_S
         while True:
             if handle is not None and not handle.alive():
                 return True
             if self.server_is_up(address):
+                self._silent_since.pop(address, None)
                 return False
+            silent = time.monotonic() - self._silent_since.setdefault(address, time.monotonic())
+            if handle is not None and silent >= self.config.rollout.health_timeout_s:
+                return True
             if time.monotonic() > deadline:
                 return handle is None
             time.sleep(0.2)

@@ -158,6 +158,30 @@ def test_requests_on_a_killed_server_finish_on_the_survivor_with_the_same_sample
 
 
 @pytest.mark.slow
+def test_a_stopped_server_is_found_hung_stopped_for_good_and_its_requests_move(tmp_path: Path, base_model: Path) -> None:
+    """SIGSTOP, not SIGKILL: the process lives but never answers. After ``health_timeout_s`` of
+    silence the fleet's health check finds it lost, stops its process, and its requests finish on
+    the survivor with the samples an uninterrupted run gives."""
+    for fleet_ in _fleet(tmp_path, base_model, servers=2, health_check_interval=0.5, health_timeout_s=3):
+        engine = fleet_.engine
+        expected = generate_all(engine, _sampled(8, 40))
+        survivor, victim = engine.addresses
+        (handle,) = [h for h in engine.server_handles() if h is engine._handles.get(victim)]
+        with ServerFleet(engine, engine.config):
+            loop = LoopThread()
+            try:
+                futures = [loop.submit(engine.agenerate(r)) for r in _sampled(8, 40)]
+                wait_for(lambda: (h := engine.server_health()[1]) is not None and h.running + h.queued >= 2, "work on the victim")
+                os.kill(handle.pid, signal.SIGSTOP)
+                wait_for(lambda: engine.addresses == [survivor], "the health check to find the hung server", timeout=120)
+                responses = [f.result(timeout=300) for f in futures]
+            finally:
+                loop.close()
+        assert not handle.alive()  # stopped for good, not left hanging
+        assert [r.output_ids for r in responses] == [r.output_ids for r in expected]
+
+
+@pytest.mark.slow
 def test_an_update_that_fails_because_a_server_died_is_retried_on_the_survivor(two_servers: Fleet) -> None:
     engine = two_servers.engine
     survivor, victim = engine.addresses

@@ -1,7 +1,8 @@
 """Which accelerator indices each process gets: servers first, then training ranks.
 
 With 2 servers x 2 devices and 4 training ranks on an 8-device node the layout is
-``server0: 0,1  server1: 2,3  trainer0: 4 ... trainer3: 7`` (the seed's "4 + 4"). On the CPU
+``server0: 0,1  server1: 2,3  trainer0: 4 ... trainer3: 7`` (the seed's "4 + 4"); a server added
+at run time takes the devices after the trainers' (here 8, 9: refused when not visible). On the CPU
 platform nothing is assigned; processes share the cores by thread count instead.
 """
 
@@ -22,11 +23,16 @@ def uses_devices(platform: Platform) -> bool:
 
 
 def server_devices(config: Config, platform: Platform, index: int) -> tuple[int, ...]:
-    """Device indices of inference server ``index`` (``rollout.devices_per_server`` of them)."""
+    """Device indices of inference server ``index`` (``rollout.devices_per_server`` of them).
+
+    Servers beyond ``rollout.servers`` (added at run time) come after the training ranks' devices,
+    so they never take a trainer's device.
+    """
     if not uses_devices(platform):
         return ()
-    per = config.rollout.devices_per_server
-    return tuple(range(index * per, (index + 1) * per))
+    per, servers = config.rollout.devices_per_server, config.rollout.servers
+    first = index * per if index < servers else servers * per + config.actor.world_size + (index - servers) * per
+    return tuple(range(first, first + per))
 
 
 def trainer_devices(config: Config, platform: Platform, rank: int) -> tuple[int, ...]:
