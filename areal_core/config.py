@@ -114,6 +114,7 @@ class ActorConfig:
     algorithm: str = "grpo"
     weight_update: str = "disk"
     weight_chunked_mem_mb: int = attrs.field(default=128, validator=_ge(1))  # xccl bucket (bench/weight_sync.py)
+    weight_update_timeout_s: float = attrs.field(default=300.0, validator=_gt(0))  # deadline of each xccl step
     world_size: int = attrs.field(default=1, validator=_ge(1))
     threads_per_worker: int = attrs.field(default=1, validator=_ge(1))
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)

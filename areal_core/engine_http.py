@@ -515,7 +515,7 @@ class HTTPServerEngine(InferenceEngine):
             master_port=master_port,
             group_name=group_name,
             bucket_bytes=self.config.actor.weight_chunked_mem_mb << 20,
-            timeout_s=self.config.rollout.request_timeout,
+            timeout_s=self.config.actor.weight_update_timeout_s,
             ranks_per_server=self.config.rollout.devices_per_server,
         )
 
@@ -531,6 +531,16 @@ class HTTPServerEngine(InferenceEngine):
 
         A member that fails and is lost leaves the fleet; any other failure raises.
         """
+        outcomes = self._post_each(endpoint, bodies)
+        for address, outcome in outcomes:
+            if isinstance(outcome, ArealError):
+                if not self.server_lost(address):
+                    raise outcome
+                self.remove_server(address, f"lost during {endpoint}")
+        return [outcome for _, outcome in outcomes if not isinstance(outcome, ArealError)]
+
+    def _post_each(self, endpoint: str, bodies: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any] | ArealError]]:
+        """POST ``bodies[i]`` to member ``i`` in parallel: ``(address, reply or the ArealError)`` each."""
         addresses = list(self.members())
         if not self._slots:
             raise ArealError(f"no {self.server_label}s attached; call launch_servers() or attach() first")
@@ -544,14 +554,10 @@ class HTTPServerEngine(InferenceEngine):
                 pool.submit(post_json, address, endpoint, body, self._headers(), timeout, self.server_label)
                 for address, body in zip(addresses, bodies)
             ]
-        replies, failures = [], []
+        outcomes: list[tuple[str, dict[str, Any] | ArealError]] = []
         for address, future in zip(addresses, futures):
             try:
-                replies.append(future.result())
+                outcomes.append((address, future.result()))
             except ArealError as exc:
-                failures.append((address, exc))
-        for address, exc in failures:
-            if not self.server_lost(address):
-                raise exc
-            self.remove_server(address, f"lost during {endpoint}")
-        return replies
+                outcomes.append((address, exc))
+        return outcomes

@@ -206,6 +206,7 @@ class _Loop:
         )
         self.recover = RecoverStore(config.run_dir / "recover")
         self.run_dir = config.run_dir
+        self.aborted_updates = 0  # weight updates that left the servers on their previous weights
 
     # ------------------------------------------------------------------ helpers
     def _restore(self) -> int:
@@ -281,11 +282,18 @@ class _Loop:
         return stats
 
     def _update_weights(self, version: int) -> float:
+        """Publish ``version`` with generation paused; an aborted update leaves every server on its
+        previous weights and version, and the run goes on (the next step publishes newer ones)."""
+        from areal_core.weights import WeightUpdateError
+
         rollout = self.rollout
         start = time.perf_counter()
         rollout.pause()
         try:  # servers that joined get the weights too; one lost meanwhile is left out
             self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)
+        except WeightUpdateError as exc:
+            self.aborted_updates += 1
+            logger.warning("weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc)
         finally:
             rollout.resume()
         return time.perf_counter() - start
@@ -341,6 +349,7 @@ class _Loop:
                             "rollout/rejected": float(rollout_stats.rejected),
                             "rollout/failed": float(rollout_stats.failed),
                             "rollout/reward_errors": float(planes.rewards.stats.errors + planes.rewards.stats.timeouts),
+                            "rollout/aborted_weight_updates": float(self.aborted_updates),
                             "time/step_s": time.perf_counter() - step_start,
                             "perf/tokens_per_s": tokens / (time.perf_counter() - t0),
                             "perf/output_tokens": float(n_tokens),

@@ -6,11 +6,18 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from areal_core.errors import ArealError
+
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.engine import InferenceEngine
     from areal_core.platform import Platform
     from areal_core.weight_channel import ChannelSpec
+
+
+class WeightUpdateError(ArealError):
+    """A weight update was aborted before every server served it; the servers still serve the
+    previous weights and version (the trainer loop goes on and publishes the next version)."""
 
 
 class TrainerHandle(Protocol):

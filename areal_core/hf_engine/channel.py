@@ -33,7 +33,7 @@ class HFWeightChannel(FlatBucketChannel):
         bodies = [
             to_json(WeightGroupBody(
                 master_addr=spec.master_addr, master_port=spec.master_port, rank_offset=spec.first_rank(i),
-                world_size=spec.world_size, backend=spec.backend, group_name=spec.group_name,
+                world_size=spec.world_size, backend=spec.backend, group_name=spec.group_name, timeout_s=spec.timeout_s,
             ))
             for i in range(len(spec.servers))
         ]  # fmt: skip

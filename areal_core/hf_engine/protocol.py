@@ -54,6 +54,7 @@ class WeightGroupBody:
     world_size: int
     backend: str
     group_name: str
+    timeout_s: float | None = None  # deadline of every collective in the group (None: --group-timeout)
 
 
 @attrs.frozen(kw_only=True)

@@ -120,9 +120,11 @@ class StagedWeights:
     def __init__(self) -> None:
         self.version: int | None = None
         self.tensors: dict[str, torch.Tensor] = {}
+        self._digest = hashlib.sha256()  # of every staged bucket's bytes, in order
         self._flats: list[torch.Tensor] = []  # backing the staged tensors
         self._live: list[torch.Tensor] = []  # backing (some of) the served parameters
         self._spare: list[torch.Tensor] = []  # free for the next buckets
+        self._previous: dict[str, torch.Tensor] = {}  # what the last commit replaced (for a rollback)
 
     def buffer(self, nbytes: int) -> torch.Tensor:
         """A uint8 buffer of ``nbytes`` to receive a bucket into."""
@@ -137,23 +139,41 @@ class StagedWeights:
             self.version = version
         self.tensors.update(tensors)
         self._flats.append(flat)
+        self._digest.update(flat.numpy())
 
-    def commit(self, model: Any, version: int) -> int:
-        """Swap every tensor staged for ``version`` into ``model`` (call on the model thread)."""
+    def commit(self, model: Any, version: int) -> tuple[int, str]:
+        """Swap every tensor staged for ``version`` into ``model`` (call on the model thread);
+        returns how many, and the sha256 of the bytes received for them (equal on every server
+        that received the same update). The replaced tensors are kept for :meth:`rollback`."""
         if self.version != version or not self.tensors:
             staged = "nothing" if not self.tensors else f"version {self.version}"
             raise ValueError(f"cannot commit version {version}: {staged} is staged; receive its buckets first")
+        targets = _targets(model)
+        self._previous = {name: targets[name].data for name in self.tensors}
         swap_into_model(model, self.tensors)
-        in_use = {t.untyped_storage().data_ptr() for t in _targets(model).values()}
+        in_use = {t.untyped_storage().data_ptr() for t in [*_targets(model).values(), *self._previous.values()]}
         old = self._live + self._flats
         self._live = [f for f in old if f.untyped_storage().data_ptr() in in_use]
         self._spare = [f for f in old if f.untyped_storage().data_ptr() not in in_use]  # older spares go
-        count, self.version, self.tensors, self._flats = len(self.tensors), None, {}, []
-        return count
+        count, digest = len(self.tensors), self._digest.hexdigest()
+        self.version, self.tensors, self._flats, self._digest = None, {}, [], hashlib.sha256()
+        return count, digest
+
+    def rollback(self, model: Any) -> int:
+        """Serve again what the last commit replaced; returns how many tensors."""
+        if not self._previous:
+            raise ValueError("nothing to roll back: no commit since the last rollback")
+        previous, self._previous = self._previous, {}
+        swap_into_model(model, previous)
+        return len(previous)
+
+    def forget_rollback(self) -> None:
+        """The served weights changed another way (a disk load): the last commit cannot be undone."""
+        self._previous = {}
 
     def clear(self) -> None:
         self._spare += self._flats
-        self.version, self.tensors, self._flats = None, {}, []
+        self.version, self.tensors, self._flats, self._digest = None, {}, [], hashlib.sha256()
 
 
 class WeightGroup:

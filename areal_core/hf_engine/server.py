@@ -43,6 +43,8 @@ from areal_core.hf_engine.receiver import (
 from areal_core.weight_channel import bucket_nbytes
 
 log = logging.getLogger("areal_core.hf_engine.server")
+#: Test hook: a server started with this set to a version fails that version's commit.
+FAIL_COMMIT_ENV = "AREAL_HF_FAIL_COMMIT"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -88,6 +90,7 @@ class _Routes:
         self.group_timeout_s = group_timeout_s
         self.group: WeightGroup | None = None
         self.staged = StagedWeights()
+        self._previous_version = 0  # served before the last commit (for a rollback)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
@@ -99,6 +102,7 @@ class _Routes:
         app.router.add_post("/init_weight_group", self.init_weight_group)
         app.router.add_post("/receive_weights", self.receive_weights)
         app.router.add_post("/commit_weights", self.commit_weights)
+        app.router.add_post("/rollback_weights", self.rollback_weights)
         app.router.add_post("/weights_digest", self.weights_digest)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -139,6 +143,7 @@ class _Routes:
 
         def swap() -> None:
             copy_into_model(self.gen.model, tensors, complete=True)
+            self.staged.forget_rollback()
             self.gen.version = body.version
 
         await self.gen.on_model_thread(swap)
@@ -148,7 +153,7 @@ class _Routes:
     async def init_weight_group(self, request: web.Request) -> web.Response:
         body = await _body(request, WeightGroupBody)
         self._leave_group()  # a re-created group (e.g. after a server was replaced) replaces the old one
-        self.group = await asyncio.to_thread(WeightGroup, body, self.group_timeout_s)
+        self.group = await asyncio.to_thread(WeightGroup, body, body.timeout_s or self.group_timeout_s)
         return web.json_response({"rank": self.group.rank})
 
     async def receive_weights(self, request: web.Request) -> web.Response:
@@ -170,16 +175,32 @@ class _Routes:
         return web.json_response({"staged": len(self.staged.tensors)})
 
     async def commit_weights(self, request: web.Request) -> web.Response:
+        """Phase two: serve every bucket staged for ``version``; replies the staged bytes' digest,
+        which the client compares across servers (``/rollback_weights`` undoes this commit)."""
         body = await _body(request, VersionBody)
+        if os.environ.get(FAIL_COMMIT_ENV) == str(body.version):
+            raise RuntimeError(f"{FAIL_COMMIT_ENV}={body.version}: this commit fails on purpose (test hook)")
+
+        def swap() -> tuple[int, str]:
+            count, digest = self.staged.commit(self.gen.model, body.version)
+            self._previous_version, self.gen.version = self.gen.version, body.version
+            return count, digest
+
+        count, digest = await self.gen.on_model_thread(swap)
+        log.info("committed %d staged tensors as version %d", count, body.version)
+        return web.json_response({"version": body.version, "digest": digest})
+
+    async def rollback_weights(self, request: web.Request) -> web.Response:
+        """Undo the last commit: the weights it replaced serve again, under their version."""
 
         def swap() -> int:
-            count = self.staged.commit(self.gen.model, body.version)
-            self.gen.version = body.version
+            count = self.staged.rollback(self.gen.model)
+            self.gen.version = self._previous_version
             return count
 
         count = await self.gen.on_model_thread(swap)
-        log.info("committed %d staged tensors as version %d", count, body.version)
-        return web.json_response({"version": body.version})
+        log.info("rolled back %d tensors to version %d", count, self.gen.version)
+        return web.json_response({"version": self.gen.version})
 
     async def weights_digest(self, request: web.Request) -> web.Response:
         digest = await self.gen.on_model_thread(model_digest, self.gen.model)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from areal_core.engine import SupportsWeightChannel
 from areal_core.errors import ArealError, ConfigError
 from areal_core.scheduler.base import free_port
-from areal_core.weights import WeightUpdater
+from areal_core.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -32,10 +32,6 @@ logger = logging.getLogger(__name__)
 
 #: Where trainer rank 0 hosts the channel's rendezvous (servers and trainers share one host today).
 RENDEZVOUS_HOST = "127.0.0.1"
-
-
-class WeightUpdateError(ArealError):
-    """An xccl update failed before its commit; servers that stage keep their previous weights."""
 
 
 class XcclWeightUpdater(WeightUpdater):

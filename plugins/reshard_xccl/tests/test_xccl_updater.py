@@ -25,6 +25,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.engine import GenerationRequest, SamplingParams
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.receiver import tensor_digest
+from areal_core.hf_engine.server import FAIL_COMMIT_ENV
 from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
@@ -197,6 +198,33 @@ def test_a_server_killed_mid_update_leaves_old_weights_then_a_replacement_joins(
         r.updater.update(3)  # a fresh group (new store, new name) with the replacement
         assert r.engine.weights_digest() == [expected, expected]
         assert [h.version for h in r.engine.server_health()] == [3, 3]
+
+
+@pytest.mark.slow
+def test_a_commit_failing_on_one_server_rolls_the_others_back(
+    tmp_path: Path, tied_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two-phase commit: both servers stage version 2, one commit fails (the test hook), so the
+    other rolls back; each serves exactly what it served before, and the next update reaches both."""
+    with rig(tmp_path, tied_model) as r:
+        check_update(r, 1, tmp_path)
+        monkeypatch.setenv(FAIL_COMMIT_ENV, "2")  # only the server started now inherits it
+        second = HFEngine(r.config, CpuPlatform())
+        second.token = r.engine.token
+        (failing,) = second.launch_servers(r.scheduler)
+        monkeypatch.delenv(FAIL_COMMIT_ENV)
+        r.engine.attach([r.engine.addresses[0], failing])
+        before = r.engine.weights_digest()
+        train_once(r.trainer, seed=2)
+        r.engine.pause()
+        try:
+            with pytest.raises(WeightUpdateError, match="commit of version 2 aborted.*fails on purpose"):
+                r.updater.update(2)
+        finally:
+            r.engine.resume()
+        assert r.engine.weights_digest() == before
+        assert [h.version for h in r.engine.server_health()] == [1, 0]
+        check_update(r, 3, tmp_path)
 
 
 @pytest.fixture(scope="module")
