@@ -14,11 +14,22 @@ from typing import Sequence
 from areal_core.errors import ArealError
 
 
-def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``[CONFIG.yaml] [k=v ...]``: the first argument without ``=`` is the config file."""
+def config_and_overrides(config: str | None, args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The config file and the overrides from ``[--config] CONFIG.yaml [k=v ...]``: both ``areal``
+    and the launcher take the file as the first argument without ``=`` or after ``--config``."""
+    args = list(args)
     if args and "=" not in args[0]:
-        return args[0], list(args[1:])
-    return None, list(args)
+        if config is not None:
+            raise ArealError(f"two config files given ({config} and {args[0]}); give one, as --config FILE or FILE")
+        config = args.pop(0)
+    stray = [a for a in args if "=" not in a]
+    if stray:
+        raise ArealError(f"{stray[0]!r} is not a key=value override; give the config file first, once")
+    return config, args
+
+
+def _split_config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
+    return config_and_overrides(ns.config, ns.args)
 
 
 def cmd_plugins(ns: argparse.Namespace) -> int:
@@ -59,7 +70,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
     from areal_core.datasets import load_dataset
 
-    path, overrides = _split_config_args(ns.args)
+    path, overrides = _split_config_args(ns)
     plugins = load_plugins()
     config, platform = resolve_config(load_config(path, overrides), plugins, require_available=False)
     if not platform.is_available():  # valid for another machine; a run here fails with this line
@@ -74,7 +85,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
 def cmd_run(ns: argparse.Namespace) -> int:
     from areal_core.trainer import run_training
 
-    path, overrides = _split_config_args(ns.args)
+    path, overrides = _split_config_args(ns)
     run_training(path, overrides)
     return 0
 
@@ -110,12 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins, their hooks and registered names")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plugins)
-    p = sub.add_parser("config", help="validate a config and print the resolved YAML")
-    p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
-    p.set_defaults(func=cmd_config)
-    p = sub.add_parser("run", help="run the built-in GRPO trainer")
-    p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
-    p.set_defaults(func=cmd_run)
+    for name, func, text in (
+        ("config", cmd_config, "validate a config and print the resolved YAML"),
+        ("run", cmd_run, "run the built-in GRPO trainer"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", default=None, help="the YAML config (or give it as the first argument)")
+        p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+        p.set_defaults(func=func)
     p = sub.add_parser("servers", help="list, add or remove inference servers of a running job")
     p.add_argument("action", choices=["list", "add", "remove"])
     p.add_argument("run_dir", metavar="RUN_DIR", help="the job's run directory (it holds control.json)")

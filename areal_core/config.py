@@ -85,6 +85,11 @@ class RolloutConfig:
     health_check_interval: float = attrs.field(default=5.0, validator=_gt(0))  # seconds between server checks
     health_timeout_s: float = attrs.field(default=30.0, validator=_gt(0))  # silent this long: hung, so lost
     restart_failed: bool = False  # start a replacement when a server dies (it loads the current weights)
+    episode_retries: int = attrs.field(default=1, validator=_ge(0))  # re-runs of a failed episode, then it is dropped
+    # Abort when more than this share of the last `failure_window_steps` steps' worth of episode
+    # attempts fails (1.0 never aborts); reward calls use reward.max_failure_rate over the same window.
+    max_failure_rate: float = attrs.field(default=0.5, validator=[_ge(0), _le(1)])
+    failure_window_steps: int = attrs.field(default=3, validator=_ge(1))
 
 
 @frozen
@@ -137,6 +142,7 @@ class RewardConfig:
     name: str = "arith"
     timeout: float = attrs.field(default=15.0, validator=_gt(0))
     workers: int = attrs.field(default=1, validator=_ge(1))
+    max_failure_rate: float = attrs.field(default=0.5, validator=[_ge(0), _le(1)])  # of calls; see rollout's
 
 
 @frozen

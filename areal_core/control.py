@@ -151,11 +151,42 @@ def _write_private(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_control(run_dir: str | Path) -> int | None:
+    """Remove ``run_dir/control.json`` if the process that wrote it is gone; its pid, else None."""
+    path = Path(run_dir) / CONTROL_FILE
+    try:
+        pid = json.loads(path.read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if _alive(pid):
+        return None
+    path.unlink(missing_ok=True)
+    return pid
+
+
 def control_call(
     run_dir: str | Path, method: str, route: str, body: dict[str, Any] | None = None, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Call the control API of the job running in ``run_dir``; ArealError with a one-line reason."""
     path = Path(run_dir) / CONTROL_FILE
+    stale_pid = remove_stale_control(run_dir)
+    if stale_pid is not None:
+        raise ArealError(
+            f"no running job in {run_dir}: its {CONTROL_FILE} was left by process {stale_pid}, which is gone "
+            "(killed?); removed it"
+        )
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:

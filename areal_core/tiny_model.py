@@ -6,12 +6,14 @@ Hugging Face directory, so servers and trainers load it like any other model pat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from areal_core.config import TinyModelSpec
 
@@ -80,7 +82,8 @@ def ensure_tiny_model(spec: TinyModelSpec, corpus: list[str], cache_root: str | 
             spec, len(tokenizer), pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, seed=seed
         )
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(tmp)
+        with _no_progress_bars():  # save_pretrained draws a "Writing model shards" bar
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, out)
@@ -90,6 +93,20 @@ def ensure_tiny_model(spec: TinyModelSpec, corpus: list[str], cache_root: str | 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """Transformers' tqdm bars off for the block (they are process-wide), then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def vars_of(spec: TinyModelSpec) -> dict[str, int]:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,6 +25,7 @@ from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore
 from areal_core.resolve import resolve_config
 from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.rollout.workflow import Workflow
 from areal_core.trajectory import Trajectory
 
@@ -37,21 +39,29 @@ class RunSummary:
     steps: int
     samples: int
     output_tokens: int
-    wall_seconds: float
+    wall_seconds: float  # the training loop (tokens/s is over this)
+    startup_seconds: float  # from Trainer() to the first step: data, model, servers, workers, weight path
     reward_first: float
     reward_last: float
     eval_accuracy: float | None
+    episode_failures: FailureCounts  # failed episode attempts (retries included)
+    reward_failures: FailureCounts  # reward calls that raised, timed out or killed their worker
     run_dir: Path
     final_model: Path
 
     def render(self) -> str:
+        """Plain text: print it with ``print`` (rich would wrap long paths at 80 columns without a TTY)."""
         rate = self.output_tokens / max(self.wall_seconds, 1e-9)
         acc = "-" if self.eval_accuracy is None else f"{self.eval_accuracy:.2f}"
+        ep, rw = self.episode_failures, self.reward_failures
         return "\n".join(
             [
-                f"steps {self.steps}   samples {self.samples}   generated tokens {self.output_tokens}"
-                f"   wall {self.wall_seconds:.0f}s   ({rate:.0f} tokens/s)",
+                f"steps {self.steps}   samples {self.samples}   generated tokens {self.output_tokens}   ({rate:.0f} tokens/s)",
+                f"wall {self.startup_seconds + self.wall_seconds:.0f}s   start-up {self.startup_seconds:.0f}s"
+                f"   training {self.wall_seconds:.0f}s",
                 f"train reward {self.reward_first:.2f} -> {self.reward_last:.2f}   held-out greedy accuracy {acc}",
+                f"failures     {ep.failed} of {ep.total} episode attempts ({ep.rate:.0%})   "
+                f"{rw.failed} of {rw.total} reward calls ({rw.rate:.0%})",
                 f"run dir      {self.run_dir}",
                 f"final model  {self.final_model}",
                 f"reward curve {self.run_dir / 'reward_curve.png'}",
@@ -89,6 +99,7 @@ class Trainer:
     def __init__(
         self, config: Config, plugins: Plugins | None = None, workflow: WorkflowFactory = rlvr_workflow
     ) -> None:
+        self.created = time.perf_counter()  # start-up is counted from here
         self.workflow_factory = workflow
         self.plugins = plugins or load_plugins()
         self.config, self.platform = resolve_config(config, self.plugins)
@@ -121,12 +132,13 @@ class Trainer:
         activate_platform(self.platform)
         train_items, valid_items = self._datasets()
         model_path = self._model_path(train_items + valid_items)
+        say(f"run dir {self.run_dir}; {len(train_items)} train / {len(valid_items)} held-out items; model {model_path}")
         config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_yaml(config))
         _stop_on_sigterm()
         with _Planes(config, self.plugins, self.platform) as planes:
-            return _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes)).run()
+            return _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes)).run(self.created)
 
 
 class _Planes:
@@ -149,12 +161,20 @@ class _Planes:
         self._stack = ExitStack()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+            say(
+                f"starting {config.rollout.servers} {config.rollout.engine} inference server(s) and "
+                f"{config.actor.world_size} training worker(s) ({config.scheduler} scheduler)"
+            )
             self.scheduler = self._stack.enter_context(make_scheduler(config, self.platform))
             self.engine = self.plugins.get("engine", config.rollout.engine)(config, self.platform)
             self._stack.callback(self.engine.close)
             self.engine.launch_servers(self.scheduler)
             self.trainer = self._stack.enter_context(
                 TrainController(config, self.platform, self.scheduler, config.model.path, config.run_dir)
+            )
+            say(
+                f"connecting the {config.actor.weight_update} weight path; reward {config.reward.name} "
+                f"in {config.reward.workers} worker process(es)"
             )
             self.updater = self.plugins.get("weight_updater", config.actor.weight_update)(config, self.platform)
             self.updater.connect(self.trainer, self.engine)
@@ -164,8 +184,12 @@ class _Planes:
             self.fleet = self._stack.enter_context(ServerFleet(self.engine, config, self.ledger))
             self._stack.enter_context(ControlServer(self.fleet, config.run_dir))  # `areal servers ...`
             reward_fn = self.plugins.get("reward", config.reward.name)
+            window = config.rollout.failure_window_steps * config.train_dataset.batch_size * config.gconfig.n_samples
+            failures = FailureTracker(
+                "reward calls", "reward.max_failure_rate", max_rate=config.reward.max_failure_rate, window=window
+            )
             self.rewards = self._stack.enter_context(
-                RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout)
+                RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout, failures=failures)
             )
             self.algorithm = self.plugins.get("algorithm", config.actor.algorithm)(config.actor)
         except BaseException:
@@ -242,15 +266,37 @@ class _Loop:
 
         return _mean(self.rollout.run(all_items()))
 
-    def _next_batch(self) -> list[Trajectory]:
-        """``prepare_batch``, checking between waits that the workers are up and servers are serving."""
+    def _next_batch(self, step: int) -> list[Trajectory]:
+        """``prepare_batch``, checking between waits that the workers are up and servers are serving,
+        and reporting failures meanwhile (a step whose episodes keep failing may never come)."""
         while True:
             try:
                 return self.rollout.prepare_batch(
                     self.loader, self.workflow, self.config.train_dataset.batch_size, timeout=LIVENESS_POLL_S
                 )
             except TimeoutError:
+                self._report_failures(f"waiting for step {step}")
                 self._tend_fleet()
+
+    def _trackers(self) -> list[FailureTracker]:
+        return [self.rollout.failures, self.planes.rewards.failures]
+
+    def _report_failures(self, when: str) -> None:
+        """One warning line per tracker with failures since the last report; abort on too many."""
+        for tracker in self._trackers():
+            _, line = tracker.report()
+            if line is not None:
+                logger.warning("%s: %s", when, line)
+            tracker.check()
+
+    def _failure_stats(self, last: list[FailureCounts]) -> dict[str, float]:
+        """This step's failure shares (``last``: the run's counts at the previous step, updated)."""
+        rates = []
+        for i, tracker in enumerate(self._trackers()):
+            now = tracker.run
+            rates.append(FailureCounts(now.failed - last[i].failed, now.total - last[i].total).rate)
+            last[i] = now
+        return {"rollout/failure_rate": rates[0], "reward/error_rate": rates[1]}
 
     def _tend_fleet(self) -> None:
         """A dead training worker stops the run; lost servers are the fleet's (it raises when none
@@ -314,7 +360,8 @@ class _Loop:
         )
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> RunSummary:
+    def run(self, created: float) -> RunSummary:
+        """Train to ``total_train_steps``; ``created`` (perf_counter) is when start-up began."""
         from areal_core.stats import StatsLogger, plot_reward_curve
 
         config, planes = self.config, self.planes
@@ -324,14 +371,16 @@ class _Loop:
         rollout.start()
         stats_log = StatsLogger(self.run_dir, tensorboard=config.stats.tensorboard, resume_step=start_step)
         t0 = time.perf_counter()
+        say(f"start-up took {t0 - created:.0f}s; training steps {start_step + 1}-{config.total_train_steps}")
         samples = tokens = 0
         last_eval: float | None = None
         progress = _Progress(config.total_train_steps, start_step, enabled=config.stats.progress)
+        failure_counts = [tracker.run for tracker in self._trackers()]
         try:
             with progress:
                 for step in range(start_step + 1, config.total_train_steps + 1):
                     step_start = time.perf_counter()
-                    batch = order_batch(self._next_batch())
+                    batch = order_batch(self._next_batch(step))
                     rollout_stats = rollout.stats
                     train_start = time.perf_counter()
                     stats = self._train_on(batch)
@@ -348,6 +397,7 @@ class _Loop:
                             "rollout/mean_lag": rollout_stats.batch_mean_lag,
                             "rollout/rejected": float(rollout_stats.rejected),
                             "rollout/failed": float(rollout_stats.failed),
+                            "rollout/retried": float(rollout_stats.retried),
                             "rollout/reward_errors": float(planes.rewards.stats.errors + planes.rewards.stats.timeouts),
                             "rollout/aborted_weight_updates": float(self.aborted_updates),
                             "time/step_s": time.perf_counter() - step_start,
@@ -358,8 +408,10 @@ class _Loop:
                     every = config.stats.eval_every
                     if self.valid_items and every and (step % every == 0 or step == config.total_train_steps):
                         last_eval = stats["eval/accuracy"] = self._evaluate()
+                    stats.update(self._failure_stats(failure_counts))
                     stats_log.log(step, stats)
                     progress.update(step, stats)
+                    self._report_failures(f"step {step}")
                     if config.recover.mode == "auto" and step % config.recover.freq_steps == 0:
                         self._save_recover_point(step)
                     if config.saver.freq_steps and step % config.saver.freq_steps == 0:
@@ -376,9 +428,12 @@ class _Loop:
             samples=samples,
             output_tokens=tokens,
             wall_seconds=time.perf_counter() - t0,
+            startup_seconds=t0 - created,
             reward_first=rewards[0] if rewards else 0.0,
             reward_last=_mean(rewards[-5:]),
             eval_accuracy=last_eval,
+            episode_failures=self.rollout.failures.run,
+            reward_failures=self.planes.rewards.failures.run,
             run_dir=self.run_dir,
             final_model=final,
         )
@@ -398,11 +453,18 @@ class _Loop:
         return path
 
 
+def say(message: str) -> None:
+    """One line for the user on stdout, shown at once (the log is for warnings and errors)."""
+    print(f"areal: {message}", flush=True)
+
+
 class _Progress:
-    """A rich progress bar with step, reward, staleness and tokens/s (plain lines when disabled)."""
+    """A rich progress bar with step, reward, staleness and tokens/s; one plain line per step
+    instead when disabled (``stats.progress=false``) or when stdout is not a terminal."""
 
     def __init__(self, total: int, done: int, *, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, done, enabled
+        self.total, self.done = total, done
+        self.enabled = enabled and sys.stdout.isatty()
         self._progress = None
 
     def __enter__(self) -> _Progress:
@@ -427,7 +489,7 @@ class _Progress:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, status=status)
         else:
-            logger.info("step %d/%d  %s", step, self.total, status)
+            say(f"step {step}/{self.total}  {status}")
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
@@ -436,9 +498,7 @@ class _Progress:
 
 def run_training(config_path: str | None, overrides: list[str]) -> RunSummary:
     """``areal run``: load, resolve, train, print the summary."""
-    from rich.console import Console
-
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = Trainer(load_config(config_path, overrides)).run()
-    Console().print(summary.render())
+    print(summary.render())
     return summary

@@ -56,3 +56,11 @@ class BrokenInWorkers:
 
     def __reduce__(self):
         return (_fail_outside, (os.getpid(),))
+
+
+def always_raises(prompt: str, completion: str, **_: object) -> float:
+    return 1 / 0
+
+
+def always_exits(prompt: str, completion: str, **_: object) -> float:
+    os._exit(3)

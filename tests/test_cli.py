@@ -82,3 +82,26 @@ def test_plugins_shows_broken_plugin(tmp_path):
     result = _areal("config", "rollout.engine=demo", env=env)
     assert result.returncode == 2
     assert "rollout.engine: engine 'demo' comes from plugin 'engine_demo' (areal-broken-demo 1.0), which failed to load: ImportError: needs libdemo.so" in result.stderr
+
+
+CONFIG = "examples/quickstart/config.yaml"
+
+
+def test_config_file_as_argument_or_after_dash_dash_config_is_the_same(tmp_path):
+    positional = _areal("config", CONFIG, "seed=5")
+    flag = _areal("config", "--config", CONFIG, "seed=5")
+    assert positional.returncode == flag.returncode == 0, positional.stderr + flag.stderr
+    assert flag.stdout == positional.stdout and "experiment_name: quickstart" in flag.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", CONFIG, CONFIG], "two config files given"),
+        (["seed=5", CONFIG], f"'{CONFIG}' is not a key=value override; give the config file first, once"),
+    ],
+)
+def test_config_file_given_twice_or_late_is_one_line(args, message):
+    result = _areal("config", *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import reward_fns_for_tests as fns
+from areal_core.rollout.failures import FailureTracker
 from areal_core.rollout.reward_runner import RewardRunner, RewardStats
 
 
@@ -28,7 +29,8 @@ def make_runner():
     runners: list[RewardRunner] = []
 
     def make(fn, workers: int = 1, timeout: float = 30.0) -> RewardRunner:
-        runners.append(RewardRunner(fn, workers=workers, timeout=timeout))
+        failures = FailureTracker("reward calls", "reward.max_failure_rate", max_rate=1.0, window=1)
+        runners.append(RewardRunner(fn, workers=workers, timeout=timeout, failures=failures))
         return runners[-1]
 
     yield make
@@ -53,14 +55,21 @@ def test_sync_and_async_rewards_get_prompt_completion_and_data(make_runner):
     assert score(make_runner(fns.async_length), "abc") == 3.0
 
 
-def test_exception_scores_zero_is_counted_and_logged(make_runner, caplog):
+def _reported(runner: RewardRunner) -> str:
+    """The failures' one report line (each failure is counted there, not logged one by one)."""
+    return runner.failures.report()[1] or ""
+
+
+def test_exception_scores_zero_is_counted_and_reported(make_runner, caplog):
     runner = make_runner(fns.raises_on_bad)
     pid = score(runner, "good")
-    with caplog.at_level(logging.WARNING, logger="areal_core.rollout.reward_runner"):
+    with caplog.at_level(logging.INFO):
         assert score(runner, "bad") == 0.0
-    assert "ValueError: bad completion" in caplog.text
+        assert score(runner, "bad") == 0.0
+    assert caplog.records == []  # no line per failure
+    assert _reported(runner) == "2 of 3 reward calls failed: ValueError: bad completion (x2)"
     assert score(runner, "good") == pid  # an exception does not cost the worker
-    assert runner.stats == RewardStats(calls=3, errors=1, timeouts=0)
+    assert runner.stats == RewardStats(calls=4, errors=2, timeouts=0)
 
 
 def test_non_finite_result_is_an_error(make_runner):
@@ -69,23 +78,21 @@ def test_non_finite_result_is_an_error(make_runner):
     assert runner.stats.errors == 1
 
 
-def test_worker_crash_scores_zero_and_is_replaced(make_runner, caplog):
+def test_worker_crash_scores_zero_and_is_replaced(make_runner):
     runner = make_runner(fns.exits_on_bad)
     pid = score(runner, "good")
-    with caplog.at_level(logging.WARNING, logger="areal_core.rollout.reward_runner"):
-        assert score(runner, "bad") == 0.0
-    assert "exit code 3" in caplog.text
+    assert score(runner, "bad") == 0.0
+    assert "worker process died (exit code 3)" in _reported(runner)
     new_pid = score(runner, "good")
     assert new_pid != pid and not _alive(pid)
     assert runner.stats == RewardStats(calls=3, errors=1, timeouts=0)
 
 
-def test_timeout_kills_the_stuck_worker_and_later_calls_proceed(make_runner, tmp_path: Path, caplog):
+def test_timeout_kills_the_stuck_worker_and_later_calls_proceed(make_runner, tmp_path: Path):
     runner = make_runner(fns.hangs_on_bad, workers=1, timeout=2.0)
     pid_file = tmp_path / "pid"
-    with caplog.at_level(logging.WARNING, logger="areal_core.rollout.reward_runner"):
-        assert score(runner, "bad", pid_file=str(pid_file)) == 0.0
-    assert "no result within 2s" in caplog.text
+    assert score(runner, "bad", pid_file=str(pid_file)) == 0.0
+    assert "no result within 2s" in _reported(runner)
     stuck = int(pid_file.read_text())
     assert not _alive(stuck)  # killed, so the single worker slot is free again
     assert score(runner, "good") not in (0.0, float(stuck))

@@ -14,6 +14,7 @@ from rollout_doubles import ScriptedEngine
 from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.dataloader import PromptLoader
+from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
 from areal_core.rollout.workflow import TokenSequence
 from areal_core.trajectory import Trajectory
@@ -126,19 +127,58 @@ def test_rejections_are_counted_and_never_consumed():
     assert (stats.submitted, stats.accepted, stats.rejected, stats.failed) == (12, 9, 3, 0)
 
 
-def test_workflow_exceptions_are_counted_and_logged(caplog):
+def test_workflow_exceptions_are_counted_and_reported_in_one_line(caplog):
     loader = PromptLoader(_items(6), shuffle=False)
-    caplog.set_level(logging.ERROR, logger="areal_core.rollout.controller")
+    caplog.set_level(logging.INFO)
     with _controller(ScriptedEngine(), batch_size=2, eta=0, max_concurrent=2) as ctl:
         batches = []
         for _ in range(3):  # the loop survives each failure and keeps serving batches
             batches.append(ctl.prepare_batch(loader, GroupWorkflow(fail={"p0", "p3"}), timeout=60))
             _bump(ctl)
         stats = ctl.stats
+        counts, line = ctl.failures.report()
     consumed = [pid for b in batches for pid in _episodes(b)]
     assert "p0" not in consumed and "p3" not in consumed and len(consumed) == 6
-    assert stats.failed >= 2 and stats.accepted >= 6
-    assert "prompt id='p0'" in caplog.text and "scripted workflow failure" in caplog.text
+    assert stats.failed >= 2 and stats.accepted >= 6 and stats.retried == 0
+    assert counts.failed == stats.failed and line is not None
+    assert "RuntimeError: scripted workflow failure (x" in line
+    assert caplog.records == []  # no line (or traceback) per failure: the caller logs `line` once per step
+
+
+def test_a_failed_episode_runs_again_up_to_episode_retries_then_is_dropped():
+    attempts: dict[str, int] = {}
+
+    async def fails_twice(engine, data):
+        attempts[data["id"]] = attempts.get(data["id"], 0) + 1
+        if data["id"] == "p0" and attempts["p0"] <= 2:
+            raise RuntimeError("flaky")
+        return await GroupWorkflow()(engine, data)
+
+    for retries, p0_consumed in ((2, True), (1, False)):
+        attempts.clear()
+        staleness = StalenessManager(batch_size=1, max_head_offpolicyness=4, max_concurrent=1)
+        with RolloutController(ScriptedEngine(), staleness, episode_retries=retries) as ctl:
+            ctl.submit({"id": "p0", "n": 0}, fails_twice)
+            ctl.submit({"id": "p1", "n": 1}, fails_twice)
+            batch = ctl.wait(1, timeout=60)
+            stats = ctl.stats
+        assert attempts["p0"] == retries + 1
+        assert (_episodes(batch) == ["p0"]) is p0_consumed
+        assert (stats.retried, stats.failed) == (retries, 0 if p0_consumed else 1)
+
+
+def test_every_episode_failing_aborts_the_batch_with_one_line():
+    loader = PromptLoader(_items(4), shuffle=False)
+    staleness = StalenessManager(batch_size=2, max_head_offpolicyness=0, max_concurrent=2)
+    failures = FailureTracker("episode attempts", "rollout.max_failure_rate", max_rate=0.5, window=6)
+    with RolloutController(ScriptedEngine(), staleness, episode_retries=1, failures=failures) as ctl:
+        with pytest.raises(FailureRateError) as info:
+            ctl.prepare_batch(loader, GroupWorkflow(fail={f"p{i}" for i in range(4)}), timeout=60)
+        stats = ctl.stats
+    message = str(info.value)
+    assert message.startswith("rollout.max_failure_rate: 6 of the last 6 episode attempts failed")
+    assert "RuntimeError: scripted workflow failure" in message and "\n" not in message
+    assert stats.failed + stats.retried <= 8  # no prompt attempted more than 1 + episode_retries times
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2])

@@ -9,12 +9,14 @@ from areal_core.config import Config, load_config
 
 
 def parse_script_args(argv: Sequence[str] | None = None) -> Config:
-    """What a training script calls first: ``--config YAML [k=v ...]`` -> a validated Config."""
+    """What a training script calls first: ``[--config] YAML [k=v ...]`` -> a validated Config."""
+    from areal_core.cli import config_and_overrides
+
     parser = argparse.ArgumentParser(description="areal-core training script")
     parser.add_argument("--config", default=None, help="YAML config (defaults if omitted)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.add_argument("overrides", nargs="*", metavar="[CONFIG.yaml] key=value")
     ns = parser.parse_intermixed_args(argv)
-    return load_config(ns.config, ns.overrides)
+    return load_config(*config_and_overrides(ns.config, ns.overrides))
 
 
 def script_main(main: Callable[[Config], object], argv: Sequence[str] | None = None) -> None:

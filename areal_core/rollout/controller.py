@@ -3,6 +3,10 @@
 The trainer's thread calls ``prepare_batch`` each step; it tops up submissions to the staleness
 capacity and returns as soon as a batch of accepted episodes may be consumed, leaving the other
 episodes in flight for the next step. ``pause``/``set_version``/``resume`` bracket a weight update.
+
+A failed episode (its workflow raised, e.g. a request timed out) runs again up to ``episode_retries``
+times, then is dropped and counted; every failed attempt goes to ``failures``, which aborts
+``prepare_batch``/``wait`` with one line when too many fail (see :mod:`areal_core.rollout.failures`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import attrs
 from areal_core.config import Config
 from areal_core.engine import InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
+from areal_core.rollout.failures import FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.rollout.workflow import Workflow
@@ -35,7 +40,8 @@ class RolloutStats:
     submitted: int = 0  # episodes started
     accepted: int = 0
     rejected: int = 0  # the workflow returned None
-    failed: int = 0  # the workflow raised or returned something that is not an episode
+    failed: int = 0  # dropped: the workflow raised (or returned a non-episode) on every attempt
+    retried: int = 0  # failed attempts that were run again
     running: int = 0
     queued: int = 0  # submitted by the caller, waiting for staleness capacity
     consumed: int = 0  # episodes handed to the trainer
@@ -53,10 +59,21 @@ class _Episode:
 class RolloutController:
     """See the module docstring; with a ``ledger``, every episode's lifecycle is appended to it."""
 
-    def __init__(self, engine: InferenceEngine, staleness: StalenessManager, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        staleness: StalenessManager,
+        ledger: Ledger | None = None,
+        *,
+        episode_retries: int = 0,
+        failures: FailureTracker | None = None,
+    ) -> None:
         self.engine = engine
         self.staleness = staleness
         self.ledger = ledger
+        self.episode_retries = episode_retries
+        self.failures = failures or FailureTracker("episode attempts", "", max_rate=1.0, window=1)
+        self._attempts: dict[str, int] = {}  # failed attempts so far, per episode uid being retried
         self._cond = threading.Condition(threading.RLock())
         self._queue: collections.deque[tuple[dict[str, Any], Workflow]] = collections.deque()
         self._running: dict[int, dict[str, Any]] = {}
@@ -71,8 +88,13 @@ class RolloutController:
     def from_config(
         cls, engine: InferenceEngine, config: Config, version: int = 0, ledger: Ledger | None = None
     ) -> RolloutController:
-        staleness = StalenessManager.from_config(config.rollout, config.train_dataset.batch_size, version)
-        return cls(engine, staleness, ledger)
+        rollout, batch_size = config.rollout, config.train_dataset.batch_size
+        staleness = StalenessManager.from_config(rollout, batch_size, version)
+        window = rollout.failure_window_steps * batch_size
+        failures = FailureTracker(
+            "episode attempts", "rollout.max_failure_rate", max_rate=rollout.max_failure_rate, window=window
+        )
+        return cls(engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -147,13 +169,16 @@ class RolloutController:
                 task.add_done_callback(self._tasks.discard)
 
     async def _run_episode(self, ticket: Ticket, data: dict[str, Any], workflow: Workflow) -> None:
-        EPISODE_UID.set(episode_uid(data))  # this task's own context: engine events name the episode
+        uid = episode_uid(data)
+        EPISODE_UID.set(uid)  # this task's own context: engine events name the episode
+        reason = None
         try:
             episode = _checked_episode(await workflow(self.engine, data))
             outcome = "accepted" if episode is not None else "rejected"
-        except Exception:  # a workflow bug or a failed request must not stop the loop
-            logger.exception("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"))
-            episode, outcome = None, "failed"
+        except Exception as exc:  # a workflow bug or a failed request must not stop the loop
+            logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
+            episode, outcome, reason = None, "failed", short_reason(exc)
+        self.failures.record(reason)
         with self._cond:
             del self._running[ticket.serial]
             if episode is not None:
@@ -161,6 +186,12 @@ class RolloutController:
                 self._ready[ticket.serial] = _Episode(ticket, data, episode)
             else:
                 self.staleness.reject(ticket)
+            if outcome == "failed" and self._attempts.get(uid, 0) < self.episode_retries:
+                self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                self._queue.appendleft((data, workflow))  # runs again before new prompts
+                outcome = "retried"
+            else:
+                self._attempts.pop(uid, None)
             setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
             self._record(outcome, uid=episode_uid(data))
             self._cond.notify_all()
@@ -212,6 +243,7 @@ class RolloutController:
                     break
                 if self._thread is None or not self._thread.is_alive():
                     raise RuntimeError("the rollout controller is not running; call start() first")
+                self.failures.check()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(

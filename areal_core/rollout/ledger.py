@@ -5,7 +5,8 @@ run appends to the same file. Every line has ``event`` and ``t`` (unix seconds).
 
 - ``start``: a controller began (``version`` it starts from, ``dataset_size``, ``recovered``);
 - ``submitted``: an episode started (``uid``, ``item_id``, ``epoch``, ``version``);
-- ``accepted`` / ``rejected`` / ``failed``: how its workflow ended (``uid``);
+- ``accepted`` / ``rejected`` / ``failed``: how its workflow ended (``uid``); ``retried``: it
+  failed and runs again (``rollout.episode_retries``), from a new ``submitted``;
 - ``consumed``: handed to the trainer at weight ``version`` (``uid``);
 - ``resubmitted``: one of its requests moved off a lost server (``uid``, ``request_id``,
   ``from_server``, ``to_server``);
@@ -93,7 +94,7 @@ class LedgerAudit:
     consumed: dict[str, int]  # uid -> times consumed (standing consumptions only)
     submitted: set[str]  # every uid ever submitted
     in_flight: set[str]  # not yet consumed when the last controller stopped
-    outcomes: dict[str, int]  # accepted / rejected / failed / resubmitted counts
+    outcomes: dict[str, int]  # accepted / rejected / failed / retried / resubmitted counts
     per_epoch: dict[int, int]  # distinct uids per epoch, consumed or in flight at the end
     dataset_size: int | None
 
@@ -139,7 +140,7 @@ def audit(rows: list[dict[str, Any]]) -> LedgerAudit:
             consumed.append((row["uid"], row["version"]))
         elif event == "stop":
             in_flight = set(row["in_flight"])
-        elif event in ("accepted", "rejected", "failed", "resubmitted"):
+        elif event in ("accepted", "rejected", "failed", "retried", "resubmitted"):
             outcomes[event] += 1
     counts = collections.Counter(uid for uid, _ in consumed)
     per_epoch = collections.Counter(int(uid.split(":", 1)[0]) for uid in set(counts) | in_flight)

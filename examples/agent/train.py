@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import attrs
-from rich.console import Console
 
 from areal_core.agent import agent_workflow
 from areal_core.config import Config
@@ -40,7 +39,7 @@ def with_agent_model(config: Config) -> Config:
 def main(config: Config) -> None:
     agent = None if config.agent.command else calc_agent.solve
     summary = Trainer(with_agent_model(config), workflow=agent_workflow(agent)).run()
-    Console().print(summary.render())
+    print(summary.render())
 
 
 if __name__ == "__main__":

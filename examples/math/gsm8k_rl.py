@@ -13,7 +13,6 @@ Every ``stats.eval_every`` steps, and after the last one, the servers answer the
 from __future__ import annotations
 
 import attrs
-from rich.console import Console
 
 from areal_core.config import Config, DatasetConfig
 from areal_core.launcher import script_main
@@ -36,7 +35,7 @@ def main(config: Config) -> None:
         valid_dataset=with_boxed_instruction(config.valid_dataset),
     )
     summary = Trainer(config).run()
-    Console().print(summary.render())
+    print(summary.render())
 
 
 if __name__ == "__main__":

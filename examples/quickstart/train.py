@@ -7,8 +7,6 @@ training worker(s) as separate processes, keeps rollouts flowing under the stale
 trains on each batch and pushes new weights to the servers after every step.
 """
 
-from rich.console import Console
-
 from areal_core.config import Config
 from areal_core.launcher import script_main
 from areal_core.trainer import Trainer
@@ -16,7 +14,7 @@ from areal_core.trainer import Trainer
 
 def main(config: Config) -> None:
     summary = Trainer(config).run()
-    Console().print(summary.render())
+    print(summary.render())
 
 
 if __name__ == "__main__":
