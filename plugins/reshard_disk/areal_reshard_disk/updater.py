@@ -3,7 +3,8 @@
 ``update(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
 servers refuse to load), fsyncs every file and directory, renames it to ``weights/v{v}``, asks
 each server to load it, then prunes older versions. A crash at any point leaves either no
-``v{v}`` or a complete one.
+``v{v}`` or a complete one. A server that cannot load ``v{v}`` aborts the update: every server
+loads the last published version again and ``v{v}`` is removed (:class:`WeightUpdateError`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from areal_core.weights import WeightUpdater
+from areal_core.errors import ArealError
+from areal_core.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -37,6 +39,7 @@ class DiskWeightUpdater(WeightUpdater):
         self.weights_dir = Path(config.run_dir).resolve() / "weights"
         self._trainer: TrainerHandle | None = None
         self._engine: InferenceEngine | None = None
+        self._published: tuple[Path, int] | None = None  # the last version every server loaded
 
     def connect(self, trainer: TrainerHandle, engine: InferenceEngine) -> None:
         self._trainer, self._engine = trainer, engine
@@ -62,8 +65,24 @@ class DiskWeightUpdater(WeightUpdater):
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.weights_dir)
-        self._engine.load_weights_from_disk(str(final), version)
+        try:
+            self._engine.load_weights_from_disk(str(final), version)
+        except ArealError as exc:
+            self._abort(final, version, exc)
+        self._published = (final, version)
         self._prune(keep=final)
+
+    def _abort(self, final: Path, version: int, error: ArealError) -> NoReturn:
+        """A server could not load ``version``: every server loads the last published version
+        again (those that loaded ``version`` go back), ``version`` is removed, the update aborts."""
+        assert self._engine is not None
+        served = "its previous weights"
+        if self._published is not None:
+            previous, previous_version = self._published
+            self._engine.load_weights_from_disk(str(previous), previous_version)
+            served = f"version {previous_version}"
+        shutil.rmtree(final, ignore_errors=True)
+        raise WeightUpdateError(f"the servers could not load version {version}, so every server serves {served}: {error}")
 
     def _prune(self, keep: Path) -> None:
         for old in self.weights_dir.iterdir():

@@ -22,6 +22,7 @@ from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
+from areal_core.weights import WeightUpdateError
 
 PROMPT = [3, 4, 5, 6]
 N_TOKENS = 24
@@ -58,6 +59,15 @@ class CrashingTrainer(InProcessHFTrainer):
     def save_hf(self, path: str) -> None:
         self.tokenizer.save_pretrained(path)
         raise RuntimeError("trainer died while saving")
+
+
+class CorruptingTrainer(InProcessHFTrainer):
+    """Publishes a weights file no server can read (truncated safetensors)."""
+
+    def save_hf(self, path: str) -> None:
+        super().save_hf(path)
+        weights = Path(path) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +159,27 @@ def test_servers_refuse_weights_outside_the_run_dir(setup: tuple[Config, HFEngin
     _, engine, model_dir = setup
     with pytest.raises(ArealError, match="outside the server's --allowed-root"):
         engine.load_weights_from_disk(str(model_dir), 5)
+
+
+@pytest.mark.slow
+def test_a_version_no_server_can_read_aborts_and_every_server_keeps_serving(setup: tuple[Config, HFEngine, Path]) -> None:
+    config, engine, model_dir = setup
+    good = InProcessHFTrainer(model_dir)
+    updater = updater_for(config)
+    updater.connect(good, engine)
+    good.train_step(seed=3, scale=0.1)
+    updater.update(3)
+    served = [r.output_ids for r in greedy_on_every_server(engine)]
+
+    corrupt = CorruptingTrainer(model_dir)
+    corrupt.train_step(seed=4, scale=0.1)
+    updater.connect(corrupt, engine)
+    with pytest.raises(WeightUpdateError, match="could not load version 4, so every server serves version 3"):
+        updater.update(4)
+    assert [h.version for h in engine.server_health()] == [3, 3] and not updater.version_dir(4).exists()
+    assert [r.output_ids for r in greedy_on_every_server(engine)] == served  # generation goes on, unchanged
+
+    updater.connect(good, engine)
+    good.train_step(seed=5, scale=0.1)
+    updater.update(5)
+    assert [r.output_ids for r in greedy_on_every_server(engine)] == [good.greedy(PROMPT, N_TOKENS)] * 2
