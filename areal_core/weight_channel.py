@@ -191,13 +191,16 @@ class FlatBucketChannel(WeightChannel):
         tensors = iter(source)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-receive") as pool:
             receiving = pool.submit(self._receive_all, buckets, version)
+            sending = False  # False while the source is read: its own errors are the cause
             try:
                 pending = None
                 for index, bucket in enumerate(buckets):
+                    sending = False
                     parts = [next(tensors) for _ in bucket.names]
                     if [name for name, _ in parts] != bucket.names:
                         raise ValueError(f"bucket {index}: the source yielded {[n for n, _ in parts][:3]}..., "
                                          f"not its declared {bucket.names[:3]}...")  # fmt: skip
+                    sending = True
                     flat = self._pack([t for _, t in parts], index % 2)
                     if pending is not None:
                         pending.wait()
@@ -208,7 +211,8 @@ class FlatBucketChannel(WeightChannel):
                 self.leave()  # the servers fail now instead of waiting for the rest
                 for _ in tensors:  # finish the gathers with the other ranks
                     pass
-                server_error = receiving.exception()  # a server's refusal says more than the abort it caused
+                # a server's refusal says more than the aborted broadcast it caused
+                server_error = receiving.exception() if sending else None
                 raise (server_error or exc) from None
             receiving.result()
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.errors import ArealError
+from areal_core.errors import ArealError, ProcessFailedError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.server import FAIL_COMMIT_ENV
 from areal_core.platform import CpuPlatform
@@ -209,3 +209,21 @@ def test_sigstop_of_one_of_two_servers_mid_bucket(rig: Rig) -> None:
 def test_a_commit_that_raises_on_one_server(rig: Rig) -> None:
     outcome = run_fault(rig, "a commit raises (test hook)", lambda: None)
     assert outcome == "aborted" and len(rig.engine.addresses) == 2
+
+
+@pytest.mark.slow
+def test_trainer_rank0_failing_mid_bucket_stops_the_run_and_leaves_the_servers_consistent(rig: Rig) -> None:
+    """SIMULATED: the double raises the error the train controller raises when rank 0's process
+    dies (a real SIGKILL of a worker is covered by tests/test_trainer_kill.py). The update is not
+    swallowed as an aborted one: the run must stop (and recover); the servers keep version 1."""
+
+    def rank0_dies() -> None:
+        raise ProcessFailedError("trainer0 exited (code -9) during SendWeights")
+
+    rig.trainer.fault = rank0_dies
+    start = time.monotonic()
+    with pytest.raises(ProcessFailedError, match="trainer0 exited"):
+        rig.update(2)
+    TIMES.append(("trainer rank 0 fails (simulated)", "run stops (exit 3)", time.monotonic() - start, 0.0))
+    rig.assert_consistent()
+    assert {h.version for h in rig.engine.server_health()} == {1}
