@@ -74,6 +74,7 @@ def test_quickstart_print_config_is_the_readme_config():
         (["run", "--example", "gsm8k"], "--example: unknown example 'gsm8k' (available: quickstart, gsm8k-cpu,"),
         (["run", "--example", "gsm8k-cpu", "my.yaml"], "--example gsm8k-cpu: 'my.yaml' is not a key=value override"),
         (["run", "--print-config"], "--print-config: give --example NAME"),
+        (["run", "--example", "gsm8k-cpu", "--config", "my.yaml"], "--example gsm8k-cpu brings its own config; drop --config my.yaml"),
         (["quickstart", "actor.wrld_size=2"], "actor.wrld_size: unknown key; did you mean 'actor.world_size'?"),
     ],
 )
