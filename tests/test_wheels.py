@@ -42,8 +42,10 @@ def wheels(tmp_path_factory) -> Path:
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheels")
     skip = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".*", "runs")
     for name in SOURCES:
-        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
-        copy(REPO / name, src / name, **({"symlinks": True, "ignore": skip} if copy is shutil.copytree else {}))
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, symlinks=True, ignore=skip)
+        else:
+            shutil.copy2(REPO / name, src / name)
     projects = [src / d.relative_to(REPO) for d in built_names().values()] + [src / REWARD_EXAMPLE.relative_to(REPO)]
     builds = [
         subprocess.Popen([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(p)],
