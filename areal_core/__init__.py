@@ -5,9 +5,11 @@ Plugins import :data:`hookimpl` to implement hooks from :mod:`areal_core.hookspe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pluggy
 
-__version__ = "0.1.0"
+__version__ = (Path(__file__).parent / "VERSION").read_text().strip()  # the one version of every distribution
 
 hookimpl = pluggy.HookimplMarker("areal")
 

@@ -1,4 +1,5 @@
-"""The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``, ``areal servers``.
+"""The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``, ``areal servers``,
+``areal quickstart`` (the packaged examples: :mod:`areal_core.examples`).
 
 Errors print one line on stderr, without a traceback, and exit 2 (user errors) or 3 (a process of
 the run died: ``ProcessFailedError``).
@@ -85,9 +86,29 @@ def cmd_config(ns: argparse.Namespace) -> int:
 def cmd_run(ns: argparse.Namespace) -> int:
     from areal_core.trainer import run_training
 
+    if ns.example:
+        return _packaged_example(ns.example, ns)
+    if ns.print_config:
+        raise ArealError("--print-config: give --example NAME (a CONFIG file is already yours to read)")
     path, overrides = _split_config_args(ns)
     run_training(path, overrides)
     return 0
+
+
+def _packaged_example(name: str, ns: argparse.Namespace) -> int:
+    """Print or run a packaged example (its own script and YAML, through the local launcher)."""
+    from areal_core.examples import get_example, run_example
+
+    if getattr(ns, "config", None):
+        raise ArealError(f"--example {name} brings its own config; drop --config {ns.config}")
+    if ns.print_config:
+        sys.stdout.write(get_example(name).config.read_text())
+        return 0
+    return run_example(name, ns.args)
+
+
+def cmd_quickstart(ns: argparse.Namespace) -> int:
+    return _packaged_example("quickstart", ns)
 
 
 def cmd_servers(ns: argparse.Namespace) -> int:
@@ -129,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default=None, help="the YAML config (or give it as the first argument)")
         p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
         p.set_defaults(func=func)
+    run = sub.choices["run"]
+    run.add_argument("--example", metavar="NAME", help="a packaged example instead of CONFIG, e.g. gsm8k-cpu (an unknown name lists them)")
+    run.add_argument("--print-config", action="store_true", help="with --example: print its YAML and exit")
+    p = sub.add_parser("quickstart", help="the README's quickstart from the installed package; writes ./runs")
+    p.add_argument("args", nargs="*", metavar="[key=value ...]")
+    p.add_argument("--print-config", action="store_true", help="print the quickstart YAML (to copy and edit) and exit")
+    p.set_defaults(func=cmd_quickstart)
     p = sub.add_parser("servers", help="list, add or remove inference servers of a running job")
     p.add_argument("action", choices=["list", "add", "remove"])
     p.add_argument("run_dir", metavar="RUN_DIR", help="the job's run directory (it holds control.json)")

@@ -1,0 +1,1 @@
+../../examples/math/gsm8k_rl.py
