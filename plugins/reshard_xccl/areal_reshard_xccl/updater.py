@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from areal_core.engine import SupportsWeightChannel
-from areal_core.errors import ArealError, ConfigError
+from areal_core.errors import ArealError, ConfigError, ProcessFailedError
 from areal_core.scheduler.base import free_port
 from areal_core.weights import WeightUpdateError, WeightUpdater
 
@@ -67,6 +67,8 @@ class XcclWeightUpdater(WeightUpdater):
         self._members = spec.servers
         try:
             trainer.open_weight_channel(spec)
+        except ProcessFailedError:  # a training worker died: the run's failure, not the update's
+            raise
         except ArealError as exc:
             self._close()
             raise WeightUpdateError(f"xccl weight group {spec.group_name!r} could not be set up: {exc}") from None
@@ -83,6 +85,8 @@ class XcclWeightUpdater(WeightUpdater):
         assert isinstance(engine, SupportsWeightChannel)  # checked by connect
         try:
             trainer.send_weights(version)
+        except ProcessFailedError:  # a training worker died: the run's failure, not the update's
+            raise
         except ArealError as exc:
             self._close()
             raise WeightUpdateError(
