@@ -207,15 +207,14 @@ def test_physical_devices(indices: tuple[int, ...], visible: str | None, expecte
 
 # ---------------------------------------------------------------- torch.npu calls and HCCL groups
 @pytest.mark.slow
-def test_train_group_and_weight_group_run_on_hccl(fake_npu_env: dict[str, str]) -> None:
-    """Two real ranks: each activates the platform (imports the FAKE torch_npu), pins its device,
-    joins the training group on ``dist_backend`` and the weight-update group through the
-    stateless factory the platform registered, then reports what it saw."""
+def test_training_group_subgroup_and_fsdp2_run_on_hccl(fake_npu_env: dict[str, str]) -> None:
+    """Two real ranks: each activates the platform (imports the FAKE torch_npu, which registers
+    ``hccl`` as torch_npu does: extended API), pins its device, joins the training group on
+    ``dist_backend``, broadcasts over a subgroup and takes one FSDP2 step, then reports."""
     env = {**fake_npu_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    weight_port = str(free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "npu_rank.py"), weight_port],
+            [sys.executable, str(HERE / "npu_rank.py")],
             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ASCEND_RT_VISIBLE_DEVICES": str(4 + rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -234,9 +233,15 @@ def test_train_group_and_weight_group_run_on_hccl(fake_npu_env: dict[str, str]) 
             proc.kill() if proc.poll() is None else None
     for rank, res in enumerate(results):
         assert res["imported"] == "0.0.0+fake"
-        assert res["train_backend"] == "hccl" and res["weight_backend"] == "hccl"
+        assert res["device"] == "npu:1" and res["device_module"]  # PrivateUse1 renamed to npu
+        assert res["train_backend"] == res["subgroup_backend"] == res["mesh_backend"] == "hccl"
+        # torch called the creator through the extended API: world group, then the subgroup
+        assert [c["options"] for c in res["created"]] == ["_DistributedBackendOptions"] * 2
+        assert [(c["group_rank"], c["group_size"]) for c in res["created"]] == [(rank, 2)] * 2
+        assert res["created"][1]["global_ranks_in_group"] == [0, 1]
         assert res["all_reduce"] == 3.0  # 1 + 2 over the training group
-        assert res["broadcast"] == [0.0, 1.0, 2.0, 3.0]  # rank 0's tensor over the weight group
+        assert res["broadcast"] == [0.0, 1.0, 2.0, 3.0]  # rank 0's tensor over the subgroup
+        assert res["fsdp_error"] < 1e-5  # the sharded step equals the plain one on both batches
         assert res["device_count"] == 1 and res["current_device"] == 0  # one visible device each
-        assert res["calls"] == ["set_device", "synchronize", "empty_cache"]
+        assert res["calls"] == ["set_device", "manual_seed_all", "synchronize", "empty_cache"]  # seed reaches npu
         assert res["memory"] == {"allocated_bytes": 1024, "peak_bytes": 4096, "reserved_bytes": 4096}
