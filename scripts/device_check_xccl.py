@@ -1,12 +1,16 @@
-"""Device check: xccl weight update on a real accelerator, then vLLM greedy == transformers greedy.
+"""Device check: one xccl weight update through the engine's own weight channel on a real
+accelerator, then the server's greedy output == transformers' on the trainer's weights.
 
-    python scripts/device_check_xccl.py --platform cuda|npu [--engine vllm] [--workdir DIR]
+    python scripts/device_check_xccl.py --platform cuda|npu|cpu --engine vllm|sglang|hf
+        [--expect-backend nccl|hccl|gloo|...] [--workdir DIR] [--dry-run]
 
 Builds the tiny Qwen3, starts one inference server and one training rank on the platform's
-devices (server first, trainer next), connects the xccl updater (group backend =
-platform.dist_backend: NCCL/HCCL), runs one PPO step, pushes the weights as version 1, and checks
-that the server's greedy continuations equal transformers' on the weights the trainer saved.
-Prints one line ``XCCL_CHECK OK ...`` or ``XCCL_CHECK FAIL ...`` and exits 0/1.
+devices (server first, trainer next), opens the engine's weight channel (vLLM: the backend's
+trainer engine from ``WeightTransferTrainerFactory``; SGLang: its group handshake; hf: gloo),
+runs one PPO step, sends the weights as version 1 and compares greedy continuations. With
+``--expect-backend`` the channel's backend must be that one (checked before any update).
+``--dry-run`` only resolves the platform, engine and updater plugins. Prints one line
+``XCCL_CHECK OK ...`` or ``XCCL_CHECK FAIL ...`` and exits 0/1.
 """
 
 from __future__ import annotations
@@ -19,27 +23,36 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from areal_core.config import TinyModelSpec, load_config
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.errors import ArealError
-from areal_core.platform import activate_platform, resolve_platform
-from areal_core.plugins import load_plugins
-from areal_core.scheduler.local import LocalScheduler
-from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController
-from areal_core.trajectory import Trajectory
-
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10], [12]]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--platform", required=True)
-    parser.add_argument("--engine", default="vllm")
-    parser.add_argument("--workdir", default=None)
-    ns = parser.parse_args()
-    root = Path(ns.workdir or tempfile.mkdtemp(prefix="areal-xccl-check-"))
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="one xccl weight update on a device, then greedy == transformers")
+    parser.add_argument("--platform", required=True, help="cuda, npu (or cpu, to try the script itself)")
+    parser.add_argument("--engine", default="vllm", help="the rollout engine: vllm, sglang, hf")
+    parser.add_argument("--expect-backend", default=None, help="fail unless the channel uses this backend")
+    parser.add_argument("--workdir", default=None, help="models, run files and logs (default: a temp folder)")
+    parser.add_argument("--dry-run", action="store_true", help="resolve the plugins only; start nothing")
+    return parser.parse_args(argv)
+
+
+def main(ns: argparse.Namespace) -> int:
+    from areal_core.config import TinyModelSpec, load_config
+    from areal_core.engine import GenerationRequest, SamplingParams, SupportsWeightChannel
+    from areal_core.platform import activate_platform, resolve_platform
+    from areal_core.plugins import load_plugins
+    from areal_core.scheduler.local import LocalScheduler
+    from areal_core.tiny_model import ensure_tiny_model
+    from areal_core.train.controller import TrainController
+    from areal_core.trajectory import Trajectory
+
     plugins = load_plugins()
+    engine_cls, updater_cls = plugins.get("engine", ns.engine), plugins.get("weight_updater", "xccl")
+    if ns.dry_run:
+        platform = resolve_platform(ns.platform, plugins, require_available=False)
+        print(f"XCCL_CHECK DRY-RUN platform={platform.name} engine={engine_cls.name} updater={updater_cls.name}")
+        return 0
+    root = Path(ns.workdir or tempfile.mkdtemp(prefix="areal-xccl-check-"))
     platform = activate_platform(resolve_platform(ns.platform, plugins))
     model = ensure_tiny_model(TinyModelSpec(), ["0123456789+=abcdefghij "], root / "models", seed=0)
     config = load_config(
@@ -50,11 +63,19 @@ def main() -> int:
     start = time.perf_counter()
     with ExitStack() as stack:
         scheduler = stack.enter_context(LocalScheduler(platform))
-        engine = plugins.get("engine", ns.engine)(config, platform)
+        engine = engine_cls(config, platform)
         stack.callback(engine.close)
         engine.launch_servers(scheduler)
+        if not isinstance(engine, SupportsWeightChannel):
+            print(f"XCCL_CHECK FAIL engine={ns.engine} has no weight channel")
+            return 1
+        backend = engine.weight_channel("127.0.0.1", 0, "probe").backend  # a description: opens nothing
+        if ns.expect_backend and backend != ns.expect_backend:
+            print(f"XCCL_CHECK FAIL engine={ns.engine} platform={platform.name}: channel backend {backend!r}, "
+                  f"expected {ns.expect_backend!r}")  # fmt: skip
+            return 1
         trainer = stack.enter_context(TrainController(config, platform, scheduler, str(model), config.run_dir))
-        updater = plugins.get("weight_updater", "xccl")(config, platform)
+        updater = updater_cls(config, platform)
         updater.connect(trainer, engine)
         stack.callback(updater.close)
         trajs = [
@@ -87,7 +108,7 @@ def main() -> int:
     ]
     ok = served == expected
     print(
-        f"XCCL_CHECK {'OK' if ok else 'FAIL'} platform={platform.name} backend={platform.dist_backend} "
+        f"XCCL_CHECK {'OK' if ok else 'FAIL'} platform={platform.name} backend={backend} "
         f"engine={ns.engine} setup+update={time.perf_counter() - start:.1f}s"
         + ("" if ok else f" served={served} expected={expected}")
     )
@@ -95,8 +116,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    args = parse_args()
+    from areal_core.errors import ArealError
+
     try:
-        sys.exit(main())
+        sys.exit(main(args))
     except ArealError as exc:  # e.g. the platform is missing, or a server cannot join the group
         print(f"XCCL_CHECK FAIL {exc}")
         sys.exit(1)
