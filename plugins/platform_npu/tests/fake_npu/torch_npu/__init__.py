@@ -6,7 +6,8 @@ for it. Importing it makes the same registration calls as torch_npu 2.9-2.13 (re
 
 - ``torch.utils.rename_privateuse1_backend("npu")``, then
   ``torch._register_device_module("npu", torch_npu.npu)`` and PrivateUse1 hooks (torch_npu's are
-  C++; the FAKE's go through ``torch._C._acc.register_python_privateuseone_hook``), then
+  C++; the FAKE's go through ``torch._C._acc.register_python_privateuseone_hook``, so the FAKE
+  needs torch >= 2.10: without hooks ``dist.barrier()`` fails once PrivateUse1 is renamed), then
   ``torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
   for_storage=True, unsupported_dtype=...)``: ``torch.device("npu", i)``, ``torch.npu``,
   ``torch.get_device_module("npu")`` and ``Tensor.is_npu`` exist as on Ascend. ``torch_npu.npu``
