@@ -67,18 +67,17 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.config import dump_yaml, load_config
     from areal_core.platform import unavailable_message
     from areal_core.plugins import load_plugins
+    from areal_core.preflight import hub_notes, preflight
     from areal_core.resolve import resolve_config
-
-    from areal_core.datasets import load_dataset
 
     path, overrides = _split_config_args(ns)
     plugins = load_plugins()
     config, platform = resolve_config(load_config(path, overrides), plugins, require_available=False)
     if not platform.is_available():  # valid for another machine; a run here fails with this line
         print(f"areal: warning: platform: {unavailable_message(type(platform), plugins)}", file=sys.stderr)
-    load_dataset(config.train_dataset, "train", plugins)  # dataset options and paths are checked too
-    if config.valid_dataset is not None:
-        load_dataset(config.valid_dataset, "valid", plugins)
+    preflight(config, plugins, fetch=False)  # model directory, fileroot, dataset options and items
+    for note in hub_notes(config):
+        print(f"areal: note: {note}", file=sys.stderr)
     sys.stdout.write(dump_yaml(config))
     return 0
 

@@ -20,6 +20,9 @@ from areal_core.errors import ConfigError
 
 frozen = attrs.frozen(kw_only=True)
 
+#: Largest ``seed``: numpy (used by vLLM, SGLang) takes seeds below 2**32, and servers add their index.
+MAX_SEED = 2**31
+
 
 def _ge(bound: float):
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
@@ -98,7 +101,7 @@ class GenerationConfig:
     max_new_tokens: int = attrs.field(default=16, validator=_ge(1))
     temperature: float = attrs.field(default=1.0, validator=_gt(0))
     top_p: float = attrs.field(default=1.0, validator=[_gt(0), _le(1)])
-    stop: list[str] = attrs.Factory(list)
+    stop: list[str] = attrs.Factory(list)  # non-empty strings: an empty one would end every completion at once
 
 
 @frozen
@@ -153,6 +156,7 @@ class DatasetConfig:
     size: int = attrs.field(default=0, validator=_ge(0))  # 0 = whole dataset; synthetic: items
     shuffle: bool = True
     options: dict[str, Any] = attrs.Factory(dict)  # dataset-specific knobs
+    overlong: Literal["drop", "error"] = "drop"  # prompts that leave no room for max_new_tokens in the context
 
 
 @frozen
@@ -205,7 +209,7 @@ class Config:
     experiment_name: str = "quickstart"
     trial_name: str = "trial0"
     fileroot: str = "./runs"
-    seed: int = 1
+    seed: int = attrs.field(default=1, validator=[_ge(0), _le(MAX_SEED)])
     platform: str = "auto"
     scheduler: Literal["local", "ray"] = "local"
     total_train_steps: int = attrs.field(default=100, validator=_ge(1))
@@ -335,8 +339,9 @@ def to_dict(config: Any) -> dict[str, Any]:
     return attrs.asdict(config, recurse=True)
 
 
-def from_dict(data: dict[str, Any], cls: type = Config) -> Any:
-    return _structure_attrs(data, cls, "")
+def from_dict(data: dict[str, Any], cls: type = Config, key: str = "") -> Any:
+    """Structure ``data`` as ``cls``; errors name keys under the dotted prefix ``key``."""
+    return _structure_attrs(data, cls, key)
 
 
 def dump_yaml(config: Any) -> str:
@@ -346,21 +351,37 @@ def dump_yaml(config: Any) -> str:
 # --------------------------------------------------------------------------- overrides
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"actor.world_size=2"`` -> (["actor", "world_size"], 2); the value is parsed as YAML."""
+def parse_override(item: str) -> tuple[list[str], Any, bool]:
+    """``"actor.world_size=2"`` -> (["actor", "world_size"], 2, False); the value is parsed as YAML.
+
+    ``key=value`` merges a mapping value into the section key by key; ``key:=value`` replaces it
+    (the third item is True).
+    """
     key, sep, raw = item.partition("=")
+    replace = key.endswith(":")
+    key = key.removesuffix(":")
     if not sep or not key.strip():
         raise ConfigError(item, "overrides look like dotted.key=value, e.g. actor.world_size=2")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    return key.strip().split("."), value, replace
+
+
+def _merge(node: dict[str, Any], key: str, value: Any) -> None:
+    """``node[key] = value``, except that a mapping merges into a mapping key by key."""
+    current = node.get(key)
+    if isinstance(value, dict) and isinstance(current, dict):
+        for name, item in value.items():
+            _merge(current, name, item)
+    else:
+        node[key] = value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
-        path, value = parse_override(item)
+        path, value, replace = parse_override(item)
         node = data
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
@@ -369,12 +390,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             elif not isinstance(child, dict):
                 raise ConfigError(".".join(path[: i + 1]), f"is a value, not a section ({item})")
             node = child
-        node[path[-1]] = value
+        if replace:
+            node[path[-1]] = value
+        else:
+            _merge(node, path[-1], value)
     return data
 
 
 def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError("", f"config file {str(p)!r} is a directory; give a YAML file")
     if not p.is_file():
         raise ConfigError("", f"config file {str(p)!r} does not exist")
     try:
@@ -419,6 +445,11 @@ def check_config(config: Config) -> None:
 
     if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
         raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")
+    for i, stop in enumerate(config.gconfig.stop):
+        if not stop:
+            raise ConfigError(
+                f"gconfig.stop[{i}]", "empty stop string: it would end every completion at once; remove it"
+            )
     for key in ("experiment_name", "trial_name"):
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -59,6 +59,15 @@ class InferenceEngine(abc.ABC):
     def __init__(self, config: Config, platform: Platform) -> None:
         self.config = config
         self.platform = platform
+
+    @classmethod
+    def check_engine_args(cls, engine_args: dict[str, Any]) -> None:
+        """Raise a ConfigError naming ``rollout.engine_args.<key>`` for arguments this engine refuses.
+
+        Called when the config is resolved, before anything starts. The default accepts everything:
+        engines that pass the arguments through to their server's command line (vLLM, SGLang) leave
+        their checking to the server.
+        """
 
     @abc.abstractmethod
     def launch_servers(self, scheduler: Scheduler) -> list[str]:

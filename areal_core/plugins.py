@@ -21,7 +21,7 @@ import attrs
 import pluggy
 
 from areal_core import hookspecs
-from areal_core.errors import PluginError
+from areal_core.errors import ArealError, PluginError
 
 ENTRY_POINT_GROUP = "areal"
 
@@ -83,9 +83,12 @@ class Registration:
 class Plugins:
     """A loaded plugin set: the pluggy manager, the registries, and per-plugin info."""
 
-    def __init__(self, pm: pluggy.PluginManager, infos: list[PluginInfo]) -> None:
+    def __init__(
+        self, pm: pluggy.PluginManager, infos: list[PluginInfo], filtered: list[PluginInfo] | None = None
+    ) -> None:
         self.pm = pm
         self.infos = infos
+        self.filtered = filtered or []  # installed, but left out by AREAL_PLUGINS
         self._registry: dict[str, dict[str, Registration]] = {kind: {} for kind in KINDS}
         self._resolved: dict[tuple[str, str], Any] = {}
 
@@ -157,14 +160,30 @@ class Plugins:
                     f"{kind} {name!r} comes from plugin {info.name!r} ({info.distribution} "
                     f"{info.version}), which failed to load: {info.error}"
                 )
+        for info in self.filtered:
+            if info.name == f"{prefix}_{name}" or info.distribution == dist:
+                allowed = os.environ.get("AREAL_PLUGINS", "")
+                return (
+                    f"{kind} {name!r} is installed (plugin {info.name!r} from {info.distribution}) but "
+                    f"AREAL_PLUGINS={allowed} filters it out; add {info.name} to AREAL_PLUGINS"
+                )
         hint = f"; pip install {dist}" if dist else ""
         return f"{kind} {name!r} is not installed{hint} (installed {kind}s: {installed})"
 
     # ---------------------------------------------------------------- hooks
     def configure(self, config: Any) -> Any:
         """Run ``areal_configure`` over every plugin, threading the config through."""
+        distributions = {info.name: info.distribution for info in self.infos}
         for impl in self.pm.hook.areal_configure.get_hookimpls():
-            updated = impl.function(**{arg: config for arg in impl.argnames})
+            try:
+                updated = impl.function(**{arg: config for arg in impl.argnames})
+            except ArealError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug, reported with its name
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} ({distributions.get(impl.plugin_name, '?')}) failed in "
+                    f"areal_configure: {type(exc).__name__}: {exc}"
+                ) from exc
             if updated is not None:
                 config = updated
         return config
@@ -209,6 +228,7 @@ def load_plugins(
         pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
         pm.enable_tracing()
     infos: list[PluginInfo] = []
+    filtered: list[PluginInfo] = []
     version = _version(BUILTIN_DISTRIBUTION)
     for module_name in BUILTIN_MODULES:
         name = "builtin-" + module_name.rsplit(".", 1)[1]
@@ -223,6 +243,7 @@ def load_plugins(
             dist_name = ep.dist.name if ep.dist else "?"
             dist_version = ep.dist.version if ep.dist else "?"
             if allowed is not None and ep.name not in allowed and dist_name not in allowed:
+                filtered.append(PluginInfo(ep.name, dist_name, dist_version))
                 continue
             if pm.get_plugin(ep.name) is not None:  # same distribution installed twice on sys.path
                 continue
@@ -244,7 +265,7 @@ def load_plugins(
         plugin = pm.get_plugin(info.name)
         if plugin is not None:
             info.hooks = sorted(impl.name for impl in pm.get_hookcallers(plugin) or [])
-    plugins = Plugins(pm, infos)
+    plugins = Plugins(pm, infos, filtered)
     plugins._collect()
     return plugins
 

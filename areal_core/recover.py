@@ -3,6 +3,11 @@
 Layout under ``run_dir/recover/``: ``step{N}/`` (the trainer's checkpoint) and ``latest.json``
 (this module's :class:`RecoverInfo`). Both are written to temporary names and renamed, so a
 crash at any point leaves the previous recover point intact.
+
+Each recover point stores the :func:`fingerprint` of the config keys a resumed run must keep
+(:data:`FIXED_KEYS`): the model's shape and source, which decide whether the checkpoint loads,
+and the training data's source, size, order and seed, which give the saved data position its
+meaning. :func:`check_fingerprint` refuses a resume that changed any of them.
 """
 
 from __future__ import annotations
@@ -15,7 +20,58 @@ from typing import Any, Callable
 
 import attrs
 
+from areal_core.config import Config, to_dict
+from areal_core.errors import ConfigError
+
 LATEST = "latest.json"
+
+#: Config keys (sections: every key below them) that must not change between a recover point and
+#: the run resuming from it. Everything else (learning rate, steps, servers, world size: DCP
+#: checkpoints reshard) may change.
+FIXED_KEYS: tuple[str, ...] = (
+    "model.path",
+    "model.tiny",
+    "model.dtype",
+    "seed",
+    "train_dataset.name",
+    "train_dataset.path",
+    "train_dataset.size",
+    "train_dataset.shuffle",
+    "train_dataset.options",
+)
+
+
+def _flatten(value: Any, key: str) -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        return {k: v for name, item in value.items() for k, v in _flatten(item, f"{key}.{name}").items()}
+    return {key: value}
+
+
+def fingerprint(config: Config) -> dict[str, Any]:
+    """The values of :data:`FIXED_KEYS` in ``config``, one dotted key per leaf."""
+    data = to_dict(config)
+    out: dict[str, Any] = {}
+    for key in FIXED_KEYS:
+        node: Any = data
+        for part in key.split("."):
+            node = node[part]
+        out.update(_flatten(node, key))
+    return out
+
+
+def check_fingerprint(stored: dict[str, Any], config: Config, step: int) -> None:
+    """Raise a one-line ConfigError listing every fixed key whose value differs from ``stored``."""
+    current = fingerprint(config)
+    changed = [
+        f"{key} ({stored.get(key)!r} -> {current.get(key)!r})"
+        for key in sorted(stored.keys() | current.keys())
+        if stored.get(key) != current.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            "recover", f"the recover point at step {step} was written with other values of keys a resumed run must "
+            f"keep: {', '.join(changed)}; put them back, or start a new trial (trial_name=...)"
+        )  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)
@@ -25,6 +81,7 @@ class RecoverInfo:
     loader_state: dict[str, int]
     in_flight: list[dict[str, Any]]  # dataset items taken from the loader but not yet trained on
     checkpoint: Path
+    fingerprint: dict[str, Any] = attrs.Factory(dict)  # see FIXED_KEYS; empty in older recover points
 
 
 class RecoverStore:

@@ -44,6 +44,7 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
             plugins.registration(kind, name)
         except PluginError as exc:
             raise ConfigError(key, str(exc)) from None
+    plugins.get("engine", config.rollout.engine).check_engine_args(config.rollout.engine_args)
     try:
         algorithm = plugins.get("algorithm", config.actor.algorithm)
     except PluginError as exc:

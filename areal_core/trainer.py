@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import attrs
 
-from areal_core.config import Config, dump_yaml, load_config
+from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
-from areal_core.recover import RecoverInfo, RecoverStore
+from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import resolve_config
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.failures import FailureCounts, FailureTracker
@@ -106,14 +106,6 @@ class Trainer:
         self.run_dir = self.config.run_dir
 
     # ------------------------------------------------------------------ set-up
-    def _datasets(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        from areal_core.datasets import load_dataset
-
-        train = load_dataset(self.config.train_dataset, "train", self.plugins)
-        valid_cfg = self.config.valid_dataset
-        valid = load_dataset(valid_cfg, "valid", self.plugins) if valid_cfg is not None else []
-        return train, valid
-
     def _model_path(self, items: list[dict[str, Any]]) -> str:
         from areal_core.hub import is_hub_id, snapshot
 
@@ -127,18 +119,27 @@ class Trainer:
         return str(path)
 
     def run(self) -> RunSummary:
+        """Check what the config points at, lock the run directory, start both planes, train."""
         from areal_core.platform import activate_platform
+        from areal_core.preflight import preflight
+        from areal_core.run_lock import RunLock
 
-        activate_platform(self.platform)
-        train_items, valid_items = self._datasets()
-        model_path = self._model_path(train_items + valid_items)
-        say(f"run dir {self.run_dir}; {len(train_items)} train / {len(valid_items)} held-out items; model {model_path}")
-        config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_yaml(config))
-        _stop_on_sigterm()
-        with _Planes(config, self.plugins, self.platform) as planes:
-            return _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes)).run(self.created)
+        items = preflight(self.config, self.plugins)
+        train_items, valid_items = items["train"], items.get("valid", [])
+        with RunLock(self.run_dir):
+            fixed = fingerprint(self.config)
+            latest = RecoverStore(self.run_dir / "recover").latest() if self.config.recover.mode == "auto" else None
+            if latest is not None and latest.fingerprint:
+                check_fingerprint(latest.fingerprint, self.config, latest.step)
+            activate_platform(self.platform)
+            model_path = self._model_path(train_items + valid_items)
+            say(f"run dir {self.run_dir}; {len(train_items)} train / {len(valid_items)} held-out items; model {model_path}")
+            config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
+            (self.run_dir / "config.yaml").write_text(dump_yaml(config))
+            _stop_on_sigterm()
+            with _Planes(config, self.plugins, self.platform) as planes:
+                loop = _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes), fixed)
+                return loop.run(self.created)
 
 
 class _Planes:
@@ -214,21 +215,41 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _fit(items: list[dict], tokenizer: Any, config: Config, dataset: DatasetConfig | None, split: str) -> list[dict]:
+    """``items`` that fit the model's context (``max_position_embeddings`` in its config.json)."""
+    import json
+
+    from areal_core.datasets import fit_context
+
+    context = json.loads((Path(config.model.path) / "config.json").read_text()).get("max_position_embeddings")
+    if dataset is None or not items or not isinstance(context, int):
+        return items
+    return fit_context(items, tokenizer, context, config.gconfig.max_new_tokens, dataset, split)
+
+
 class _Loop:
     def __init__(
-        self, config: Config, planes: _Planes, train_items: list[dict], valid_items: list[dict], workflow: Workflow
+        self,
+        config: Config,
+        planes: _Planes,
+        train_items: list[dict],
+        valid_items: list[dict],
+        workflow: Workflow,
+        fixed: dict[str, Any],
     ) -> None:
         from areal_core.rollout.dataloader import PromptLoader
         from areal_core.rollout.rlvr import RLVRWorkflow
 
         self.config, self.planes = config, planes
+        train_items = _fit(train_items, planes.tokenizer, config, config.train_dataset, "train")
         self.loader = PromptLoader(train_items, shuffle=config.train_dataset.shuffle, seed=config.seed)
-        self.valid_items = valid_items
+        self.valid_items = _fit(valid_items, planes.tokenizer, config, config.valid_dataset, "valid")
         self.workflow = workflow
         self.eval_workflow = RLVRWorkflow(
             planes.tokenizer, attrs.evolve(config.gconfig, n_samples=1), planes.rewards, greedy=True
         )
         self.recover = RecoverStore(config.run_dir / "recover")
+        self.fixed = fixed  # the fingerprint each recover point stores
         self.run_dir = config.run_dir
         self.aborted_updates = 0  # weight updates that left the servers on their previous weights
 
@@ -355,6 +376,7 @@ class _Loop:
                 loader_state=self.loader.state_dict(),
                 in_flight=self.rollout.in_flight(),
                 checkpoint=Path(),
+                fingerprint=self.fixed,
             ),
             write_checkpoint,
         )

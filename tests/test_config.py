@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_core.config import Config, dump_yaml, from_dict, load_config, to_dict
+from areal_core.config import Config, OptimizerConfig, dump_yaml, from_dict, load_config, to_dict
 from areal_core.errors import ConfigError
 
 
@@ -104,3 +106,51 @@ def test_config_is_frozen():
     config = Config()
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         config.seed = 3  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- dict overrides merge
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "config.yaml"
+
+
+def test_a_mapping_override_merges_key_by_key():
+    """``actor.optimizer={lr: 1e-3}`` changes lr and keeps the YAML's cosine schedule."""
+    config = load_config(QUICKSTART, ["actor.optimizer={lr: 1e-3}", "model={tiny: {num_layers: 3}}"])
+    assert config.actor.optimizer == OptimizerConfig(lr=1e-3, schedule="cosine", min_lr_ratio=0.1, grad_clip=1.0)
+    assert (config.model.tiny.num_layers, config.model.tiny.hidden_size) == (3, 128)
+
+
+def test_colon_equals_replaces_a_section():
+    config = load_config(QUICKSTART, ["actor.optimizer:={lr: 1e-3}"])
+    assert config.actor.optimizer == OptimizerConfig(lr=1e-3)
+    merged = load_config(None, ["rollout.engine_args={max_batch_size: 2}", "rollout.engine_args={group_timeout: 5}"])
+    assert merged.rollout.engine_args == {"max_batch_size": 2, "group_timeout": 5}
+    replaced = load_config(None, ["rollout.engine_args={max_batch_size: 2}", "rollout.engine_args:={group_timeout: 5}"])
+    assert replaced.rollout.engine_args == {"group_timeout": 5}
+
+
+_optimizer_values = st.fixed_dictionaries(
+    {},
+    optional={
+        "lr": st.floats(1e-7, 1.0),
+        "warmup_steps": st.integers(0, 100),
+        "schedule": st.sampled_from(["constant", "cosine"]),
+        "grad_clip": st.floats(0.0, 10.0),
+    },
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_optimizer_values)
+def test_a_mapping_override_equals_one_override_per_key(values):
+    as_mapping = load_config(QUICKSTART, [f"actor.optimizer={yaml.safe_dump(values, default_flow_style=True).strip()}"])
+    one_by_one = load_config(QUICKSTART, [f"actor.optimizer.{k}={yaml.safe_dump(v).splitlines()[0]}" for k, v in values.items()])
+    assert as_mapping == one_by_one
+
+
+def test_an_empty_stop_string_is_refused():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["gconfig.stop=['\\n', '']"])
+    assert str(err.value).startswith("gconfig.stop[1]: ")
+    assert "empty" in str(err.value)

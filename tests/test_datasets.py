@@ -204,3 +204,29 @@ def test_load_dataset_uses_the_registry_and_checks_items():
         load_dataset(DatasetConfig(name="dup"), "train", plugins)
     with pytest.raises(ConfigError, match="valid_dataset.name: dataset 'empty' has no valid items"):
         load_dataset(DatasetConfig(name="empty"), "valid", plugins)
+
+
+# --------------------------------------------------------------------------- prompts and the context
+
+
+def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    from areal_core.config import TinyModelSpec
+    from areal_core.datasets import fit_context
+    from areal_core.rollout.workflow import encode_chat
+    from areal_core.tiny_model import ensure_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(TinyModelSpec(), ["1+2=3 "], tmp_path, seed=0))
+    items = [{"id": str(n), "prompt": "1+" * n + "2="} for n in (1, 20, 2, 40)]
+    short = len(encode_chat(tokenizer, [{"role": "user", "content": "1+1+2="}], add_generation_prompt=True))
+    drop = DatasetConfig(name="arith")
+    with caplog.at_level("WARNING"):
+        kept = fit_context(items, tokenizer, context=short + 4, max_new_tokens=4, config=drop, split="train")
+    assert [item["id"] for item in kept] == ["1", "2"]
+    assert "train_dataset.overlong: 2 of 4 train prompts are longer than" in caplog.text
+    assert fit_context(items, tokenizer, context=10_000, max_new_tokens=4, config=drop, split="train") is items
+    with pytest.raises(ConfigError, match=r"^valid_dataset.overlong: 2 of 4 valid prompts are longer than \d+ tokens"):
+        fit_context(items, tokenizer, short + 4, 4, DatasetConfig(name="arith", overlong="error"), "valid")
+    with pytest.raises(ConfigError, match="4 of 4 train prompts"):  # nothing left: refused whatever the policy
+        fit_context(items, tokenizer, 4, 4, drop, "train")

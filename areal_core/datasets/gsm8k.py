@@ -60,8 +60,16 @@ def _resolve(config: DatasetConfig, split: str) -> Path:
 
 
 def _jsonl_records(path: Path, key: str) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as lines:
-        for lineno, line in enumerate(lines, 1):
+    """Records of a UTF-8 JSONL file (a leading BOM is skipped); other encodings name file:line."""
+    with path.open("rb") as lines:
+        for lineno, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    key, f"{path}:{lineno} is not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None  # fmt: skip
             if not line.strip():
                 continue
             try:

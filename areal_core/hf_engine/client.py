@@ -14,9 +14,12 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
+from areal_core.config import from_dict
 from areal_core.engine import GenerationRequest
 from areal_core.engine_http import HTTPServerEngine, Segment, post_json
-from areal_core.errors import ArealError, ConfigError
+from areal_core.errors import ArealError
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
     GenerateBody,
@@ -33,8 +36,12 @@ from areal_core.weights import WeightUpdateError
 if TYPE_CHECKING:
     from areal_core.weight_channel import ChannelSpec
 
-#: ``rollout.engine_args`` keys the hf server understands (passed as ``--max-batch-size`` etc.).
-ENGINE_ARGS = ("max_batch_size", "group_timeout")
+@attrs.frozen(kw_only=True)
+class HFEngineArgs:
+    """``rollout.engine_args`` the hf server understands (passed as ``--max-batch-size`` etc.)."""
+
+    max_batch_size: int = attrs.field(default=64, validator=attrs.validators.ge(1))  # requests decoded together
+    group_timeout: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))  # weight-group collectives (s)
 
 
 class HFEngine(HTTPServerEngine):
@@ -46,12 +53,12 @@ class HFEngine(HTTPServerEngine):
     pause_route = "/abort_all"
     resume_route = "/continue"
 
+    @classmethod
+    def check_engine_args(cls, engine_args: dict[str, Any]) -> None:
+        from_dict(engine_args, HFEngineArgs, "rollout.engine_args")
+
     # ---------------------------------------------------------------- servers
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
-        unknown = sorted(set(self.config.rollout.engine_args) - set(ENGINE_ARGS))
-        if unknown:
-            known = ", ".join(ENGINE_ARGS)
-            raise ConfigError(f"rollout.engine_args.{unknown[0]}", f"unknown hf engine arg; known: {known}")
         cmd = [
             sys.executable, "-m", "areal_core.hf_engine.server",
             "--model", self.config.model.path,

@@ -16,7 +16,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "math"
 SHARED = REPO / ".." / "shared" / "data" / "gsm8k"
-needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason=f"GSM8K data not found at {SHARED}")
+needs_data = pytest.mark.skipif(
+    not SHARED.is_dir(), reason=f"no local GSM8K copy at {SHARED} (the configs' default, openai/gsm8k, needs the hub)"
+)
 
 
 def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -30,6 +32,7 @@ def test_cpu_config_runs_end_to_end_on_gsm8k(tmp_path: Path) -> None:
         sys.executable, "-m", "areal_core.launcher.local", str(EXAMPLE / "gsm8k_rl.py"),
         "--config", str(EXAMPLE / "gsm8k_grpo_cpu.yaml"), f"fileroot={tmp_path}",
         "total_train_steps=3", "stats.eval_every=3", "stats.progress=false", "valid_dataset.size=8",
+        f"train_dataset.path={SHARED}", f"valid_dataset.path={SHARED}",
     ]  # fmt: skip
     run = _run(cmd, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -46,21 +49,20 @@ def test_cpu_config_runs_end_to_end_on_gsm8k(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_data
 @pytest.mark.parametrize("name", ["cpu", "cuda", "npu"])
 def test_every_config_validates_here(name: str) -> None:
     run = _run(["areal", "config", str(EXAMPLE / f"gsm8k_grpo_{name}.yaml")])
     if name == "cuda" and "engine 'sglang' is not installed" in run.stderr:
         pytest.skip("plugins/engine_sglang is not installed here")
     assert run.returncode == 0, run.stderr
-    assert f"platform: {name}" in run.stdout
+    assert f"platform: {name}" in run.stdout and "path: openai/gsm8k" in run.stdout
+    assert "areal: note: train_dataset.path: 'openai/gsm8k' is fetched from the hub when the run loads data" in run.stderr
     if name != "cpu":  # valid for that machine; here one warning line says why it would not run
         warnings = [line for line in run.stderr.splitlines() if line.startswith("areal: warning: platform:")]
         assert len(warnings) == 1 and "not available on this machine" in warnings[0]
 
 
 @pytest.mark.slow
-@needs_data
 def test_running_the_npu_config_here_fails_in_one_line() -> None:
     from areal_platform_npu.platform import NpuPlatform
 
