@@ -12,21 +12,8 @@ import json
 import sys
 from typing import Sequence
 
+from areal_core.config import config_and_overrides
 from areal_core.errors import ArealError
-
-
-def config_and_overrides(config: str | None, args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """The config file and the overrides from ``[--config] CONFIG.yaml [k=v ...]``: both ``areal``
-    and the launcher take the file as the first argument without ``=`` or after ``--config``."""
-    args = list(args)
-    if args and "=" not in args[0]:
-        if config is not None:
-            raise ArealError(f"two config files given ({config} and {args[0]}); give one, as --config FILE or FILE")
-        config = args.pop(0)
-    stray = [a for a in args if "=" not in a]
-    if stray:
-        raise ArealError(f"{stray[0]!r} is not a key=value override; give the config file first, once")
-    return config, args
 
 
 def _split_config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:

@@ -11,7 +11,7 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Sequence, Union
 
 import attrs
 import yaml
@@ -454,3 +454,17 @@ def check_config(config: Config) -> None:
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):
             raise ConfigError(key, f"{value!r} must be a plain directory name")
+
+
+def config_and_overrides(config: str | None, args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The config file and the overrides from ``[--config] CONFIG.yaml [k=v ...]``: both ``areal``
+    and the launcher take the file as the first argument without ``=`` or after ``--config``."""
+    args = list(args)
+    if args and "=" not in args[0]:
+        if config is not None:
+            raise ConfigError("", f"two config files given ({config} and {args[0]}); give one, as --config FILE or FILE")
+        config = args.pop(0)
+    stray = [a for a in args if "=" not in a]
+    if stray:
+        raise ConfigError("", f"{stray[0]!r} is not a key=value override; give the config file first, once")
+    return config, args

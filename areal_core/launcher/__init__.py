@@ -10,7 +10,7 @@ from areal_core.config import Config, load_config
 
 def parse_script_args(argv: Sequence[str] | None = None) -> Config:
     """What a training script calls first: ``[--config] YAML [k=v ...]`` -> a validated Config."""
-    from areal_core.cli import config_and_overrides
+    from areal_core.config import config_and_overrides
 
     parser = argparse.ArgumentParser(description="areal-core training script")
     parser.add_argument("--config", default=None, help="YAML config (defaults if omitted)")
