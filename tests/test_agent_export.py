@@ -15,10 +15,12 @@ from areal_core.agent import (
     discount,
     export_session,
     parse_reward_line,
-    parse_tool_calls,
 )
 from areal_core.agent.openai_api import RequestError, Sampling, parse_chat, parse_text
 from areal_core.agent.sessions import UnknownCompletion
+from areal_core.agent.tool_parsers import hermes, llama3_json, mistral, tool_parser
+from areal_core import hookimpl
+from areal_core.errors import ConfigError, PluginError
 from areal_core.config import GenerationConfig
 from areal_core.tiny_model import build_char_tokenizer
 
@@ -115,8 +117,10 @@ def test_rewards_only_for_own_completions_and_keys_are_unguessable():
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 65}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True, "stream_options": []}, "stream_options"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
@@ -153,13 +157,57 @@ def test_text_prompt_forms():
 
 
 def test_tool_calls_are_parsed_from_hermes_blocks():
-    text = 'Let me add.<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
-    content, calls = parse_tool_calls(text)
-    assert content == "Let me add."
-    assert calls[0]["function"] == {"name": "calculator", "arguments": json.dumps({"expression": "2+3"})}
-    assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    text = 'Let me add.<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
+    content, calls = hermes(text)
+    assert content == "Let me add.<|im_end|>"  # the proxy strips special tokens from the content
+    assert [(c.name, c.arguments) for c in calls] == [("calculator", json.dumps({"expression": "2+3"}))]
+    assert calls[0].id.startswith("call_")
     broken = "<tool_call>{not json}</tool_call>"
-    assert parse_tool_calls(broken) == (broken, [])
+    assert hermes(broken) == (broken, [])
+
+
+@pytest.mark.parametrize(
+    "parser, text, content, calls",
+    [
+        (llama3_json, '<|python_tag|>{"name": "calc", "parameters": {"e": "1+2"}}<|eom_id|>', "", [("calc", '{"e": "1+2"}')]),
+        (llama3_json, '{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}', "", [("a", "{}"), ("b", '{"x": 1}')]),
+        (llama3_json, "The answer is 3.", "The answer is 3.", []),
+        (llama3_json, '{"answer": 3}', '{"answer": 3}', []),
+        (mistral, 'Sure.[TOOL_CALLS][{"name": "calc", "arguments": {"e": "2"}}]</s>', "Sure.", [("calc", '{"e": "2"}')]),
+        (mistral, '[TOOL_CALLS]calc[ARGS]{"e": "2"}[TOOL_CALLS]other[ARGS]{}', "", [("calc", '{"e": "2"}'), ("other", "{}")]),
+        (mistral, "[TOOL_CALLS]not json", "[TOOL_CALLS]not json", []),
+        (mistral, "no calls", "no calls", []),
+    ],
+)
+def test_llama3_and_mistral_tool_calls(parser, text, content, calls):
+    got_content, got = parser(text)
+    assert got_content == content and [(c.name, c.arguments) for c in got] == calls
+
+
+def test_tool_parser_from_config_or_template(areal_plugins):
+    class Shouty:
+        @hookimpl
+        def areal_register_tool_parsers(self, register):
+            register("shouty", lambda text: (text.upper(), []))
+
+    areal_plugins.add(Shouty(), "shouty")
+    plugins = areal_plugins.load()
+    assert tool_parser("auto", "{{ '[TOOL_CALLS]' }}", plugins) is mistral
+    assert tool_parser("auto", "<|start_header_id|>ipython<|end_header_id|>", plugins) is llama3_json
+    assert tool_parser("auto", None, plugins) is hermes
+    assert tool_parser("shouty", None, plugins)("hi") == ("HI", [])
+    with pytest.raises(PluginError, match="installed tool_parsers: hermes, llama3_json, mistral, shouty"):
+        tool_parser("pythonic", None, plugins)
+
+
+def test_unknown_tool_parser_names_the_config_key():
+    from areal_core.config import AgentConfig, Config
+    from areal_core.plugins import load_plugins
+    from areal_core.resolve import resolve_config
+
+    config = Config(agent=AgentConfig(tool_parser="pythonic"))
+    with pytest.raises(ConfigError, match=r"^agent.tool_parser: tool_parser 'pythonic' is not installed"):
+        resolve_config(config, load_plugins(), require_available=False)
 
 
 @pytest.mark.parametrize(
