@@ -133,11 +133,12 @@ def chat_tools() -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": ADD_SCHEMA}}]
 
 
-def tool_turns(tools_answer: str = "5") -> list[list[dict[str, Any]]]:
-    """The conversation of a tool round trip, turn by turn (the template ignores call ids)."""
+def tool_turns(arguments: str = json.dumps(CALL_ARGS)) -> list[list[dict[str, Any]]]:
+    """The conversation of a tool round trip, turn by turn (the template ignores call ids);
+    ``arguments``: the call's arguments as the framework sends them back."""
     first = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}]
-    call = {"id": "-", "type": "function", "function": {"name": "add", "arguments": json.dumps(CALL_ARGS)}}
-    second = [*first, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": tools_answer}]
+    call = {"id": "-", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    second = [*first, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "5"}]
     return [first, second]
 
 
@@ -193,8 +194,8 @@ def test_openai_responses_tool_round_trip(fake: Proxied) -> None:
 # --------------------------------------------------------------------------- openai-agents
 
 
-@pytest.mark.parametrize("api", ["responses", "chat_completions"])
-def test_openai_agents_runner_with_a_function_tool(fake: Proxied, api: str) -> None:
+@pytest.mark.parametrize("api, streamed", [("responses", False), ("responses", True), ("chat_completions", False), ("chat_completions", True)])
+def test_openai_agents_runner_with_a_function_tool(fake: Proxied, api: str, streamed: bool) -> None:
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
     session = fake.proxy.sessions.start()
@@ -205,7 +206,12 @@ def test_openai_agents_runner_with_a_function_tool(fake: Proxied, api: str) -> N
         agent = agents.Agent(
             name="calc", instructions=INSTRUCTIONS, tools=[agents.function_tool(add)], model=model_cls(model="m", openai_client=client)
         )
-        return await agents.Runner.run(agent, QUESTION)
+        if not streamed:
+            return await agents.Runner.run(agent, QUESTION)
+        result = agents.Runner.run_streamed(agent, QUESTION)
+        async for _ in result.stream_events():
+            pass
+        return result
 
     result = asyncio.run(run())
     assert result.final_output == "The sum is 5."
@@ -277,4 +283,4 @@ def test_pydantic_ai_agent_with_a_tool(fake: Proxied) -> None:
     agent = pydantic_ai.Agent(model, instructions=INSTRUCTIONS, tools=[add])
     result = agent.run_sync(QUESTION)
     assert result.output == "The sum is 5."
-    fake.check(session, tool_turns(), chat_tools())
+    fake.check(session, tool_turns(json.dumps(CALL_ARGS, separators=(",", ":"))), chat_tools())  # it re-serialises them
