@@ -14,7 +14,6 @@ import asyncio
 import json
 import string
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs

@@ -13,8 +13,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from areal_core.agent import anthropic_api, responses_api
-from areal_core.agent.openai_api import ChatRequest, RequestError, parse_chat, parse_text
-from areal_core.agent.openai_out import chat_chunks, chat_response, text_chunks, text_response
+from areal_core.agent.openai_api import (
+    ChatRequest,
+    RequestError,
+    parse_chat,
+    parse_text,
+)
+from areal_core.agent.openai_out import (
+    chat_chunks,
+    chat_response,
+    text_chunks,
+    text_response,
+)
 from areal_core.agent.sessions import Session, UnknownCompletion
 from areal_core.agent.sse import stream
 from areal_core.errors import ArealError

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from areal_core.agent.openai_api import RequestError, Sampling
-from areal_core.agent.tool_parsers import ToolCall, ToolParser, hermes
 from areal_core.agent.sessions import (
     Completion,
     Session,
     SessionStore,
     new_completion_id,
 )
+from areal_core.agent.tool_parsers import ToolCall, ToolParser, hermes
 from areal_core.config import GenerationConfig
 from areal_core.engine import (
     GenerationRequest,
@@ -48,6 +48,7 @@ from areal_core.rollout.workflow import encode_chat, sampling_params, stop_at_st
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 logger = logging.getLogger(__name__)
 KEEP_ALIVE_S = 600
@@ -276,7 +277,7 @@ class ProxyServer:
             server.should_exit = True
             thread.join(timeout=30)
 
-    def __enter__(self) -> ProxyServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

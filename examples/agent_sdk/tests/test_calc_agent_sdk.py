@@ -11,11 +11,12 @@ import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1]
 REPO = EXAMPLE.parents[1]
-SHORT_RUN = [
+SHORT_RUN = [  # few agent processes at a time: each starts an interpreter and imports the SDK
     "total_train_steps=3",
-    "gconfig.n_samples=4",
-    "train_dataset.batch_size=4",
-    "valid_dataset.size=4",
+    "gconfig.n_samples=2",
+    "train_dataset.batch_size=2",
+    "rollout.max_concurrent_rollouts=2",
+    "valid_dataset.size=2",
     "stats.eval_every=3",
     "stats.progress=false",
 ]
