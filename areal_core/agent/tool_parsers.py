@@ -126,7 +126,7 @@ def detect(chat_template: str | None) -> str:
     template = chat_template or ""
     if "[TOOL_CALLS]" in template:
         return "mistral"
-    if "<|python_tag|>" in template or "<|start_header_id|>ipython" in template or "ipython" in template:
+    if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return "hermes"
 
