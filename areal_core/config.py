@@ -200,6 +200,7 @@ class AgentConfig:
     timeout: float = attrs.field(default=300.0, validator=_gt(0))  # seconds per agent run
     max_body_bytes: int = attrs.field(default=1 << 20, validator=_ge(1024))  # larger requests get 413
     chat_template: str = ""  # Jinja template replacing the tokenizer's for proxied chats
+    tool_parser: str = "auto"  # hermes, llama3_json, mistral or a plugin's; auto: from the chat template
 
 
 @frozen

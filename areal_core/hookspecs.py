@@ -90,3 +90,14 @@ def areal_configure(config: Config) -> Config | None:
     :param config: the config so far (frozen; use ``attrs.evolve`` to change it).
     :return: an updated config, or ``None`` to keep it as is.
     """
+
+
+@hookspec
+def areal_register_tool_parsers(register: RegisterNamed) -> None:
+    """Register tool-call parsers for the agent proxy (:mod:`areal_core.agent.tool_parsers`).
+
+    :param register: call ``register("hermes", parse)`` where ``parse(text) -> (content, calls)``
+        takes the output decoded with special tokens kept and returns the remaining content and a
+        list of :class:`areal_core.agent.tool_parsers.ToolCall`; text it does not recognise comes
+        back unchanged with no calls. The name is what ``agent.tool_parser`` selects.
+    """

@@ -33,6 +33,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "algorithm": ("areal_register_algorithms", "algorithm"),
     "reward": ("areal_register_rewards", "reward"),
     "dataset": ("areal_register_datasets", "dataset"),
+    "tool_parser": ("areal_register_tool_parsers", "tool_parser"),
 }
 
 #: Names users ask for that live in a distribution of ours, so the error can say what to install.
@@ -51,6 +52,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "areal_core.builtin.algorithms",
     "areal_core.builtin.rewards",
     "areal_core.builtin.datasets",
+    "areal_core.builtin.tool_parsers",
 )
 BUILTIN_DISTRIBUTION = "areal-core"
 

@@ -17,7 +17,10 @@ SELECTED_NAMES: tuple[tuple[str, str], ...] = (
     ("reward.name", "reward"),
     ("train_dataset.name", "dataset"),
     ("valid_dataset.name", "dataset"),
+    ("agent.tool_parser", "tool_parser"),
 )
+#: Values that pick a plugin at run time instead of naming one.
+AUTO_NAMES: frozenset[tuple[str, str]] = frozenset({("agent.tool_parser", "auto")})
 
 
 def _get_dotted(config: Config, key: str) -> str | None:
@@ -38,7 +41,7 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
     platform = resolve_platform(config.platform, plugins, config.plugins, require_available=require_available)
     for key, kind in SELECTED_NAMES:
         name = _get_dotted(config, key)
-        if name is None:
+        if name is None or (key, name) in AUTO_NAMES:
             continue
         try:
             plugins.registration(kind, name)

@@ -519,8 +519,14 @@ class _Progress:
 
 
 def run_training(config_path: str | None, overrides: list[str]) -> RunSummary:
-    """``areal run``: load, resolve, train, print the summary."""
+    """``areal run``: load, resolve, train (``agent.command`` set: that agent program), print the summary."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = Trainer(load_config(config_path, overrides)).run()
+    config = load_config(config_path, overrides)
+    if config.agent.command:  # an agent program: the agent proxy's workflow runs it per sample
+        from areal_core.agent import agent_workflow
+
+        summary = Trainer(config, workflow=agent_workflow()).run()
+    else:
+        summary = Trainer(config).run()
     print(summary.render())
     return summary

@@ -3,11 +3,12 @@
     python bench/agent_proxy_overhead.py [--concurrency 1 8] [--rounds 20] [--max-new-tokens 4]
 
 One hf server with the tiny model. For each concurrency ``c``, ``rounds`` waves of ``c`` chat
-completions run on the engine's event loop (as the rollout controller runs workflows), three ways:
+completions run on the engine's event loop (as the rollout controller runs workflows):
 ``encode_chat`` + ``engine.agenerate`` (direct, what a built-in workflow does); a raw HTTP POST
 to the proxy (the proxy's own cost: HTTP, JSON, template, engine hop, recording); and the
 ``openai`` ``AsyncOpenAI`` client through the proxy (what an in-process agent pays, client
-included). Prints mean latency per completion, completions/s, and the ratios to direct.
+included): chat completions, the same streamed (SSE, read to the end), and the Responses API.
+Prints mean latency per completion, completions/s, and the ratios to direct.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ async def _proxied(client: object, key: str, prompt: str) -> float:
     await client.with_options(api_key=key).chat.completions.create(  # type: ignore[attr-defined]
         model="areal-policy", messages=[{"role": "user", "content": prompt}]
     )
+    return time.perf_counter() - start
+
+
+async def _streamed(client: object, key: str, prompt: str) -> float:
+    start = time.perf_counter()
+    stream = await client.with_options(api_key=key).chat.completions.create(  # type: ignore[attr-defined]
+        model="areal-policy", messages=[{"role": "user", "content": prompt}], stream=True
+    )
+    async for _ in stream:
+        pass
+    return time.perf_counter() - start
+
+
+async def _responses(client: object, key: str, prompt: str) -> float:
+    start = time.perf_counter()
+    await client.with_options(api_key=key).responses.create(model="areal-policy", input=prompt)  # type: ignore[attr-defined]
     return time.perf_counter() - start
 
 
@@ -95,6 +112,8 @@ def main() -> None:
                     "direct": lambda p: _direct(proxy, p),
                     "proxy (raw HTTP)": lambda p: _raw(http, url, key, p),
                     "proxy (openai client)": lambda p: _proxied(client, key, p),
+                    "proxy (streamed)": lambda p: _streamed(client, key, p),
+                    "proxy (responses)": lambda p: _responses(client, key, p),
                 }
                 for run in modes.values():  # warm-up
                     loop.submit(_waves(run, 1, 3)).result()

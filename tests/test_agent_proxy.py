@@ -169,6 +169,41 @@ def test_tool_calls_pass_through_to_the_template(proxied: Proxied) -> None:
     assert reply.choices[0].message.role == "assistant"
 
 
+def test_streamed_calls_record_what_unstreamed_calls_record(proxied: Proxied) -> None:
+    """Same seed, streamed or not: the same recorded tokens, and the stream carries the same reply."""
+    messages = [{"role": "user", "content": "1+4="}]
+    plain, streamed = proxied.session(), proxied.session()
+    reply = proxied.client(plain.key).chat.completions.create(model="m", messages=messages, seed=11)
+    chunks = list(
+        proxied.client(streamed.key).chat.completions.create(
+            model="m", messages=messages, seed=11, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    (a,), (b,) = plain.completions, streamed.completions
+    assert (a.prompt_ids, a.output_ids, a.logprobs) == (b.prompt_ids, b.output_ids, b.logprobs)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(b.output_ids)
+    assert {c.id for c in chunks} == {b.id}
+
+    text_plain, text_streamed = proxied.session(), proxied.session()
+    proxied.client(text_plain.key).completions.create(model="m", prompt="2+2=", seed=5)
+    pieces = list(proxied.client(text_streamed.key).completions.create(model="m", prompt="2+2=", seed=5, stream=True))
+    assert text_plain.completions[0].output_ids == text_streamed.completions[0].output_ids
+    assert "".join(p.choices[0].text for p in pieces) == text_streamed.completions[0].text
+
+
+def test_n_samples_are_recorded_one_completion_each(proxied: Proxied) -> None:
+    session = proxied.session()
+    client = proxied.client(session.key)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3+1="}], n=3, seed=2)
+    assert [c.id for c in session.completions] == [reply.id, f"{reply.id}-1", f"{reply.id}-2"]
+    assert [ch.message.content for ch in reply.choices] == [c.text for c in session.completions]
+    assert len({c.prompt_ids == session.completions[0].prompt_ids for c in session.completions}) == 1
+    assert reply.usage.completion_tokens == sum(len(c.output_ids) for c in session.completions)
+    streamed = list(client.completions.create(model="m", prompt="3+1=", n=2, stream=True))
+    assert {p.choices[0].index for p in streamed} == {0, 1} and len(session.completions) == 5
+
+
 def test_text_completions_take_text_or_token_ids(proxied: Proxied) -> None:
     session = proxied.session()
     client = proxied.client(session.key)
@@ -239,7 +274,7 @@ def test_malformed_and_oversized_requests_get_clear_4xx(proxied: Proxied) -> Non
     cases = [
         (b"{not json", auth, 400, "not valid JSON"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', auth, 400, "messages[0].role"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', auth, 400, "n="),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', auth, 400, "n: must be"),
         (json.dumps({"messages": [{"role": "user", "content": "1+1=\u00e9\u4e2d"}]}).encode(), auth, 400, "cannot render"),
         (b'{"messages": [{"role": "user", "content": "1+1="}]}', {}, 401, "session key"),
         (b'{"messages": [{"role": "user", "content": "1+1="}]}', {"Authorization": "Bearer guess"}, 401, "session key"),
@@ -258,8 +293,8 @@ def test_malformed_and_oversized_requests_get_clear_4xx(proxied: Proxied) -> Non
     assert response.status == 413 and "limit" in json.loads(response.read())["error"]["message"]
     conn.close()
 
-    with pytest.raises(BadRequestError, match="stream"):  # the openai client sees a normal 400
-        proxied.client(key).chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], stream=True)
+    with pytest.raises(BadRequestError, match="n: must be an integer"):  # the openai client sees a normal 400
+        proxied.client(key).chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], n=100)
     ok = proxied.client(key).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}])
     assert ok.choices[0].finish_reason in ("stop", "length")  # still serving
 

@@ -1,13 +1,14 @@
 """Decoupled agentic RL: an OpenAI-compatible proxy that turns an agent's LLM calls into trajectories.
 
-The agent is any program or async function that talks to an OpenAI ``base_url`` with a session
-key as its API key; it never imports areal-core. See docs/agents.md.
+The agent is any program or async function that talks to an OpenAI ``base_url`` (or Anthropic's)
+with a session key as its API key; it never imports areal-core. See docs/agents.md.
 """
 
 from areal_core.agent.export import ExportMode, discount, export_session
-from areal_core.agent.openai_api import RequestError, parse_tool_calls
-from areal_core.agent.proxy import AgentProxy, ProxyServer
+from areal_core.agent.openai_api import RequestError
+from areal_core.agent.proxy import AgentProxy, ProxyServer, Reply
 from areal_core.agent.sessions import Completion, Session, SessionStore
+from areal_core.agent.tool_parsers import ToolCall, ToolParser, tool_parser
 from areal_core.agent.workflow import (
     AgentFn,
     AgentWorkflow,
@@ -23,13 +24,16 @@ __all__ = [
     "Completion",
     "ExportMode",
     "ProxyServer",
+    "Reply",
     "RequestError",
     "Session",
     "SessionStore",
+    "ToolCall",
+    "ToolParser",
     "agent_workflow",
     "discount",
     "export_session",
     "parse_reward_line",
-    "parse_tool_calls",
     "run_agent_program",
+    "tool_parser",
 ]

@@ -10,20 +10,27 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from areal_core.agent import anthropic_api, responses_api
 from areal_core.agent.openai_api import (
+    ChatRequest,
     RequestError,
-    chat_response,
     parse_chat,
     parse_text,
+)
+from areal_core.agent.openai_out import (
+    chat_chunks,
+    chat_response,
+    text_chunks,
     text_response,
 )
 from areal_core.agent.sessions import Session, UnknownCompletion
+from areal_core.agent.sse import stream
 from areal_core.errors import ArealError
 
 if TYPE_CHECKING:
-    from areal_core.agent.proxy import AgentProxy
+    from areal_core.agent.proxy import AgentProxy, Reply
 
 logger = logging.getLogger(__name__)
 SESSION_HEADER = "X-Areal-Session"
@@ -36,15 +43,22 @@ def _bearer(request: Request) -> str | None:
 
 
 def _session(proxy: AgentProxy, request: Request) -> Session:
-    key = request.headers.get(SESSION_HEADER) or _bearer(request)
+    key = request.headers.get(SESSION_HEADER) or request.headers.get("x-api-key") or _bearer(request)
     session = proxy.sessions.get(key) if key else None
     if session is None:
         raise RequestError(
             401,
             "unknown or missing session key: send the key the trainer gave your agent as the API key "
-            f"(Authorization: Bearer <key>) or in the {SESSION_HEADER} header",
+            f"(Authorization: Bearer <key> or x-api-key: <key>) or in the {SESSION_HEADER} header",
         )
     return session
+
+
+def _history(session: Session, response_id: str) -> list[dict[str, Any]]:
+    conversation = session.conversations.get(response_id)
+    if conversation is None:
+        raise RequestError(404, f"previous_response_id: {response_id!r} is not a response of this session", "previous_response_id")
+    return list(conversation)
 
 
 async def _body(request: Request, limit: int) -> Any:
@@ -71,7 +85,8 @@ def build_app(proxy: AgentProxy) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        body = anthropic_api.error_body(exc) if request.url.path == "/v1/messages" else exc.body()
+        return JSONResponse(body, status_code=exc.status)
 
     @app.exception_handler(ArealError)
     async def engine_failed(request: Request, exc: ArealError) -> JSONResponse:
@@ -79,22 +94,50 @@ def build_app(proxy: AgentProxy) -> FastAPI:
         body = {"error": {"message": f"generation failed: {exc}", "type": "server_error", "param": None, "code": None}}
         return JSONResponse(body, status_code=502)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict[str, Any]:
+    async def replies(session: Session, chat: ChatRequest, kind: str) -> list[Reply]:
+        """Render the chat once, sample ``chat.n`` completions, record them, parse their tool calls."""
+        prompt_ids = proxy.render_chat(chat.messages, chat.tools, chat.tool_choice)
+        completions = await proxy.complete(session, prompt_ids, chat.sampling, kind, chat.n)
+        return [proxy.reply(c, bool(chat.tools)) for c in completions]
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> dict[str, Any] | Response:
         session = _session(proxy, request)
         parsed = parse_chat(await _body(request, limit))
-        prompt_ids = proxy.render_chat(parsed.messages, parsed.tools, parsed.tool_choice)
-        c = await proxy.complete(session, prompt_ids, parsed.sampling, "chatcmpl")
-        n_prompt, n_out = len(c.prompt_ids), len(c.output_ids)
-        return chat_response(c.id, parsed.model, c.text, c.finish_reason, n_prompt, n_out, bool(parsed.tools))
+        out = await replies(session, parsed, "chatcmpl")
+        if parsed.stream:
+            return stream(chat_chunks(parsed.model, out, parsed.include_usage))
+        return chat_response(parsed.model, out)
 
-    @app.post("/v1/completions")
-    async def text(request: Request) -> dict[str, Any]:
+    @app.post("/v1/completions", response_model=None)
+    async def text(request: Request) -> dict[str, Any] | Response:
         session = _session(proxy, request)
         parsed = parse_text(await _body(request, limit))
-        prompt_ids = proxy.render_text(parsed.prompt)
-        c = await proxy.complete(session, prompt_ids, parsed.sampling, "cmpl")
-        return text_response(c.id, parsed.model, c.text, c.finish_reason, len(c.prompt_ids), len(c.output_ids))
+        completions = await proxy.complete(session, proxy.render_text(parsed.prompt), parsed.sampling, "cmpl", parsed.n)
+        out = [proxy.reply(c, parse_tools=False) for c in completions]
+        if parsed.stream:
+            return stream(text_chunks(parsed.model, out, parsed.include_usage))
+        return text_response(parsed.model, out)
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(request: Request) -> dict[str, Any] | Response:
+        session = _session(proxy, request)
+        body = await _body(request, limit)
+        parsed, conversation = responses_api.parse_responses(body, lambda rid: _history(session, rid))
+        (reply,) = await replies(session, parsed, "resp")
+        session.conversations[reply.completion.id] = [*conversation, responses_api.assistant_message(reply)]
+        if parsed.stream:
+            return stream(responses_api.response_events(body, reply))
+        return responses_api.response_object(body, reply)
+
+    @app.post("/v1/messages", response_model=None)
+    async def messages(request: Request) -> dict[str, Any] | Response:
+        session = _session(proxy, request)
+        parsed = anthropic_api.parse_messages(await _body(request, limit))
+        (reply,) = await replies(session, parsed, "msg")
+        if parsed.stream:
+            return stream(anthropic_api.message_events(parsed.model, reply))
+        return anthropic_api.message_object(parsed.model, reply)
 
     @app.post("/v1/reward")
     async def reward(request: Request) -> dict[str, Any]:

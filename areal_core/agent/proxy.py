@@ -2,7 +2,9 @@
 
 Routes (a session key goes in ``Authorization: Bearer <key>`` or ``X-Areal-Session: <key>``):
 
-- ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI schemas, ``n=1``, no streaming.
+- ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI schemas, ``n >= 1``, streamed or not.
+- ``POST /v1/responses``: the OpenAI Responses API (``previous_response_id`` within a session).
+- ``POST /v1/messages``: Anthropic's Messages API (the key may also come as ``x-api-key``).
 - ``POST /v1/reward`` ``{"reward": r, "completion_id": id?}``: reward one completion or the final answer.
 - ``GET /v1/session``: this session's completions and rewards; ``POST /v1/session/end`` closes it.
 - ``POST /v1/sessions`` (admin key): start a session for an agent the trainer does not launch.
@@ -22,7 +24,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -33,6 +35,7 @@ from areal_core.agent.sessions import (
     SessionStore,
     new_completion_id,
 )
+from areal_core.agent.tool_parsers import ToolCall, ToolParser, hermes
 from areal_core.config import GenerationConfig
 from areal_core.engine import (
     GenerationRequest,
@@ -45,9 +48,20 @@ from areal_core.rollout.workflow import encode_chat, sampling_params, stop_at_st
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 logger = logging.getLogger(__name__)
 KEEP_ALIVE_S = 600
+
+
+@attrs.frozen
+class Reply:
+    """What the model said in one completion, in API terms (the same for every API shape)."""
+
+    completion: Completion
+    content: str
+    tool_calls: list[ToolCall]
+    finish_reason: str  # "stop", "length" or "tool_calls"
 
 
 class AgentProxy:
@@ -70,6 +84,7 @@ class AgentProxy:
         max_body_bytes: int = 1 << 20,
         honour_request_sampling: bool = False,
         admin_key: str | None = None,
+        tool_parser: ToolParser = hermes,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -78,7 +93,9 @@ class AgentProxy:
         self.max_body_bytes = max_body_bytes
         self.honour_request_sampling = honour_request_sampling
         self.admin_key = admin_key or secrets.token_urlsafe(32)
+        self.tool_parser = tool_parser
         self.sessions = SessionStore()
+        self._special = [t for t in tokenizer.all_special_tokens if t] if tokenizer is not None else []
         self._base = sampling_params(gconfig, tokenizer)
 
     # ------------------------------------------------------------------ completion logic
@@ -139,27 +156,52 @@ class AgentProxy:
                 raise RequestError(409, "this session's rollout loop has stopped; the episode is over") from exc
             raise
 
-    async def complete(self, session: Session, prompt_ids: list[int], sampling: Sampling, kind: str) -> Completion:
-        """Generate from ``prompt_ids`` and record the completion in ``session``."""
+    async def complete(
+        self, session: Session, prompt_ids: list[int], sampling: Sampling, kind: str, n: int = 1
+    ) -> list[Completion]:
+        """Sample ``n`` completions of ``prompt_ids`` and record them in ``session`` in index order.
+
+        Completion ``i > 0`` has id ``<id of completion 0>-<i>`` and seed ``seed + i``.
+        """
         if session.ended:
             raise RequestError(409, "this session has ended; start a new one")
+        base = new_completion_id(kind)
+        samples = [
+            attrs.evolve(sampling, seed=None if sampling.seed is None else (sampling.seed + i) % 2**63) for i in range(n)
+        ]
+        completions = await asyncio.gather(
+            *(self._sample(session, prompt_ids, s, f"{base}-{i}" if i else base) for i, s in enumerate(samples))
+        )
+        for completion in completions:
+            session.add(completion)
+        return list(completions)
+
+    async def _sample(self, session: Session, prompt_ids: list[int], sampling: Sampling, completion_id: str) -> Completion:
         params = self.sampling_for(sampling)
         response = await self._generate(session, GenerationRequest(input_ids=prompt_ids, sampling=params))
         stops = list(self.gconfig.stop) + sampling.stop
         n_kept = stop_at_strings(self.tokenizer, response.output_ids, stops)
         stopped_early = n_kept < len(response.output_ids)
-        finish = "stop" if stopped_early or response.stop_reason == "stop" else "length"
-        completion = Completion(
-            id=new_completion_id(kind),
+        return Completion(
+            id=completion_id,
             prompt_ids=list(prompt_ids),
             output_ids=response.output_ids[:n_kept],
             logprobs=response.logprobs[:n_kept],
             versions=response.versions[:n_kept],
-            finish_reason=finish,
+            finish_reason="stop" if stopped_early or response.stop_reason == "stop" else "length",
             text=self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True),
         )
-        session.add(completion)
-        return completion
+
+    def reply(self, completion: Completion, parse_tools: bool) -> Reply:
+        """The completion's content and, with ``parse_tools``, the tool calls parsed out of it."""
+        if parse_tools:
+            raw = self.tokenizer.decode(completion.output_ids, skip_special_tokens=False)
+            content, calls = self.tool_parser(raw)
+            if calls:
+                for token in self._special:
+                    content = content.replace(token, "")
+                return Reply(completion, content.strip(), calls, "tool_calls")
+        return Reply(completion, completion.text, [], completion.finish_reason)
 
     def app(self) -> FastAPI:
         """The FastAPI app serving this proxy (routes in :mod:`areal_core.agent.http`)."""

@@ -45,6 +45,8 @@ class Session:
     rewards: dict[str, float] = attrs.Factory(dict)  # completion id -> reward set on it
     final_reward: float | None = None
     ended: bool = False
+    #: Responses API: response id -> the conversation it ended (chat messages, its reply last)
+    conversations: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, repr=False)
 
     def add(self, completion: Completion) -> None:
         self.completions.append(completion)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.agent.export import ExportMode, export_session
 from areal_core.agent.proxy import AgentProxy, ProxyServer
+from areal_core.agent.tool_parsers import tool_parser
 from areal_core.engine import InferenceEngine
 from areal_core.errors import ArealError
 from areal_core.rollout.dataloader import EPOCH_KEY
@@ -137,17 +138,19 @@ def agent_workflow(agent: AgentFn | None = None) -> WorkflowFactory:
     """A ``Trainer(config, workflow=...)`` factory: ``agent``, or ``config.agent.command`` when None.
 
     The proxy forwards to the trainer's engine with the trainer's tokenizer (or
-    ``agent.chat_template``) and stops with the planes.
+    ``agent.chat_template``), parses tool calls with ``agent.tool_parser``, and stops with the planes.
     """
 
     def factory(planes: _Planes) -> AgentWorkflow:
         config = planes.config
+        template = config.agent.chat_template or getattr(planes.tokenizer, "chat_template", None)
         proxy = AgentProxy(
             planes.engine,
             planes.tokenizer,
             config.gconfig,
             chat_template=config.agent.chat_template or None,
             max_body_bytes=config.agent.max_body_bytes,
+            tool_parser=tool_parser(config.agent.tool_parser, template, planes.plugins),
         )
         command = list(config.agent.command)
         if agent is None and not command:

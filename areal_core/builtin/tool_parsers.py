@@ -1,0 +1,10 @@
+"""Built-in tool-call parsers for the agent proxy (Hermes/Qwen, Llama 3 JSON, Mistral)."""
+
+from areal_core import hookimpl
+
+
+@hookimpl
+def areal_register_tool_parsers(register):
+    register("hermes", "areal_core.agent.tool_parsers:hermes")
+    register("llama3_json", "areal_core.agent.tool_parsers:llama3_json")
+    register("mistral", "areal_core.agent.tool_parsers:mistral")
