@@ -271,6 +271,7 @@ def main() -> None:
     parser.add_argument("--trl-steps", type=int, default=260, help="train steps of TRL's runs")
     parser.add_argument("--probe-steps", type=int, default=12, help="TRL steps per thread count in the probe")
     parser.add_argument("--floor-steps", type=int, default=10)
+    parser.add_argument("--trl-threads", type=int, choices=(1, 2), help="skip the probe: run TRL with this many")
     opts = parser.parse_args()
     try:
         import trl  # noqa: F401
@@ -280,11 +281,13 @@ def main() -> None:
     load = os.getloadavg()[0]
     models = {seed: build_model(seed, root) for seed in opts.seeds}
 
-    probe = {t: run_trl(opts.seeds[0], t, opts.probe_steps, models[opts.seeds[0]])["seconds_per_step"] for t in (1, 2)}
-    threads = min(probe, key=probe.get)
-    print(f"TRL thread probe ({opts.probe_steps} steps): " + ", ".join(f"{t} thread(s) {s:.3f} s/step"
-                                                                          for t, s in probe.items())
-          + f" -> {threads}", flush=True)
+    threads = opts.trl_threads
+    if threads is None:
+        probe = {t: run_trl(opts.seeds[0], t, opts.probe_steps, models[opts.seeds[0]])["seconds_per_step"]
+                 for t in (1, 2)}
+        threads = min(probe, key=probe.get)
+        print(f"TRL thread probe ({opts.probe_steps} steps): "
+              + ", ".join(f"{t} thread(s) {s:.3f} s/step" for t, s in probe.items()) + f" -> {threads}", flush=True)
     results: dict[int, dict[str, dict]] = {}
     for k, seed in enumerate(opts.seeds):
         order = ("ours", "trl") if k % 2 == 0 else ("trl", "ours")
