@@ -429,8 +429,6 @@ class HTTPServerEngine(InferenceEngine):
         """Generate in segments: a segment aborted by ``pause()`` is continued after ``resume()``
         (prompt + output so far, the remaining budget), and one on a lost server re-runs on a live
         one, so the response may span weight versions and servers."""
-        import aiohttp
-
         start = time.monotonic()
         output_ids: list[int] = []
         logprobs: list[float] = []
