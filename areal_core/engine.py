@@ -9,7 +9,9 @@ response can carry tokens from two weight versions.
 from __future__ import annotations
 
 import abc
+import contextlib
 import uuid
+from contextlib import AbstractAsyncContextManager
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -80,6 +82,11 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         """Generate to completion, surviving pauses (see module docstring)."""
+
+    def client_session(self) -> AbstractAsyncContextManager[None]:
+        """Inside it, ``agenerate`` calls on the running loop share one client session
+        (connections stay open); the rollout controller wraps its loop's life in one."""
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def pause(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -258,6 +259,7 @@ class HTTPServerEngine(InferenceEngine):
         self._started = 0  # servers started so far (names them)
         self._processes: list[ProcessHandle] = []  # every server process started, lost ones too
         self._silent_since: dict[str, float] = {}  # address -> when its health check first failed
+        self._sessions: dict[asyncio.AbstractEventLoop, Any] = {}  # loop -> its client_session's aiohttp session
 
     @abc.abstractmethod
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
@@ -427,15 +429,13 @@ class HTTPServerEngine(InferenceEngine):
         """Generate in segments: a segment aborted by ``pause()`` is continued after ``resume()``
         (prompt + output so far, the remaining budget), and one on a lost server re-runs on a live
         one, so the response may span weight versions and servers."""
-        import aiohttp
-
         start = time.monotonic()
         output_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         stop_reason, attempt = "length", 0
-        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers()) as session:
+        shared = self._sessions.get(asyncio.get_running_loop())
+        async with contextlib.nullcontext(shared) if shared is not None else self._new_session() as session:
             while len(output_ids) < request.sampling.max_new_tokens:
                 await self._gate.wait()
                 generated = list(output_ids)
@@ -455,6 +455,25 @@ class HTTPServerEngine(InferenceEngine):
             stop_reason="stop" if stop_reason == "stop" else "length",
             latency=time.monotonic() - start,
         )
+
+    def _new_session(self) -> Any:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.config.rollout.request_timeout)
+        # No connection cap (the staleness bound limits requests in flight); idle connections are
+        # dropped before a server's own keep-alive ends (uvicorn: 5 s), so none is reused as it closes.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+        return aiohttp.ClientSession(timeout=timeout, headers=self._headers(), connector=connector)
+
+    @contextlib.asynccontextmanager
+    async def client_session(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        async with self._new_session() as session:
+            self._sessions[loop] = session
+            try:
+                yield
+            finally:
+                del self._sessions[loop]
 
     @abc.abstractmethod
     async def _generate_segment(
@@ -498,7 +517,8 @@ class HTTPServerEngine(InferenceEngine):
         self._gate.open()
 
     def close(self) -> None:
-        """Nothing to release: sessions live per ``agenerate`` call, control calls are one-shot."""
+        """Nothing to release: sessions live per ``client_session`` (or per ``agenerate`` call
+        outside one), control calls are one-shot."""
 
     def _channel_spec(
         self, channel: str, backend: str, master_addr: str, master_port: int, group_name: str

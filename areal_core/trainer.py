@@ -1,9 +1,10 @@
 """The built-in RL trainer: one controller process driving the rollout and training planes.
 
 Each step: ``prepare_batch`` (rollouts keep flowing between steps, bounded by the staleness) ->
-proximal log-probs when the algorithm needs them -> advantages -> PPO minibatches on the FSDP2
-workers -> pause generation, ``weight_updater.update(v+1)``, bump the version, resume -> stats,
-evaluation, checkpoints and recover points on their schedules.
+advantages -> PPO minibatches on the FSDP2 workers (which take the proximal log-probs when the
+algorithm needs them, from the update's own forward when there is one minibatch) -> pause
+generation, ``weight_updater.update(v+1)``, bump the version, resume -> stats, evaluation,
+checkpoints and recover points on their schedules. ``time/*`` stats say where each step went.
 """
 
 from __future__ import annotations
@@ -342,10 +343,9 @@ class _Loop:
         batch = [t for t, k in zip(batch, keep.tolist()) if k]
         rewards, group_ids = rewards[keep], group_ids[keep]
         advantages = planes.algorithm.compute_advantages(rewards, group_ids).tolist()
-        prox = None
-        if planes.algorithm.needs_proximal_logprobs and self.config.actor.recompute_logprobs:
-            prox = planes.trainer.compute_logprobs(batch)
-        stats.update({f"train/{k}": float(v) for k, v in planes.trainer.train_step(batch, advantages, prox).items()})
+        recompute = planes.algorithm.needs_proximal_logprobs and self.config.actor.recompute_logprobs
+        result = planes.trainer.train_step(batch, advantages, None, recompute_prox=recompute)
+        stats.update({k if k.startswith("time/") else f"train/{k}": float(v) for k, v in result.items()})
         return stats
 
     def _update_weights(self, version: int) -> float:

@@ -24,6 +24,10 @@ def test_killed_run_recovers_to_the_uninterrupted_result(uninterrupted_run, mark
         assert (whole_dir / name).exists(), name
     assert list((whole_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert "train reward" in whole.stdout and "final model" in whole.stdout
+    rows = [json.loads(line) for line in (whole_dir / "stats.jsonl").read_text().splitlines()]
+    parts = ("rollout_wait", "train_fwd_bwd", "prox_logp", "optimizer", "rpc", "weight_update", "step")
+    assert all(row[f"time/{part}_s"] >= 0 for row in rows for part in parts)
+    assert all(row["time/prox_logp_s"] == 0 for row in rows)  # one minibatch: fused into the update
 
     # The controller itself is killed with SIGKILL right after its step-2 recover point.
     mark = marks()

@@ -7,6 +7,7 @@ server is shared per module; tests that change its weights restore version 0 aft
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -200,6 +201,24 @@ def test_stop_token_ends_generation_and_is_kept(served: Served) -> None:
     cut = reference.index(stop) + 1
     (resp,) = generate_all(served.engine, [greedy_request(PROMPTS[1], 32, stop_token_ids=(stop,))])
     assert resp.stop_reason == "stop" and resp.output_ids == reference[:cut]
+
+
+def test_a_client_session_serves_every_request_on_its_loop(served: Served) -> None:
+    """Inside ``client_session`` requests share one aiohttp session (closed on exit) and give the
+    same outputs as requests that open their own."""
+    engine = served.engine
+    requests = [greedy_request(p, 8) for p in PROMPTS[:3]]
+    alone = [resp.output_ids for resp in generate_all(engine, requests)]
+
+    async def shared() -> tuple[Any, list[list[int]]]:
+        async with engine.client_session():
+            session = engine._sessions[asyncio.get_running_loop()]
+            outputs = [(await engine.agenerate(r)).output_ids for r in requests]
+            assert not session.closed
+        return session, outputs
+
+    session, outputs = asyncio.run(shared())
+    assert outputs == alone and session.closed and not engine._sessions
 
 
 @pytest.mark.slow

@@ -66,14 +66,26 @@ def test_pack_unpack_round_trip(seqs, data):
     indices = order[: data.draw(st.integers(1, len(seqs)))]
     batch = pack(seqs, indices)
     n = sum(len(seqs[i]) for i in indices)
-    assert batch.input_ids.shape == batch.position_ids.shape == (1, n) and batch.n_tokens == n
+    width = max(len(seqs[i]) for i in indices)
+    rows = batch.input_ids.shape[0]
+    assert batch.input_ids.shape == batch.position_ids.shape == (rows, width) and batch.n_tokens == n
+    assert rows * width < 2 * n + width  # first fit: at most one row is half empty or less
+    assert sorted(batch.tokens.tolist()) == sorted(set(batch.tokens.tolist()))  # each slot holds one token
     assert batch.cu_seqlens.dtype == torch.int32 and batch.n_seqs == len(indices)
     assert batch.indices == tuple(indices)
-    assert [t.tolist() for t in unpack(batch.input_ids[0], batch.cu_seqlens)] == [seqs[i] for i in indices]
-    positions, seq_ids = unpack(batch.position_ids[0], batch.cu_seqlens), unpack(batch.seq_ids, batch.cu_seqlens)
+    assert [t.tolist() for t in unpack(batch.flat_ids, batch.cu_seqlens)] == [seqs[i] for i in indices]
+    flat_positions = batch.position_ids.reshape(-1)[batch.tokens]
+    positions, seq_ids = unpack(flat_positions, batch.cu_seqlens), unpack(batch.seq_ids, batch.cu_seqlens)
     for k, (pos, sid) in enumerate(zip(positions, seq_ids)):
         assert pos.tolist() == list(range(len(pos)))
         assert (sid == k).all()
+        assert batch.tokens[int(batch.cu_seqlens[k])] // width == batch.tokens[int(batch.cu_seqlens[k + 1]) - 1] // width
+    padding = torch.ones(rows * width, dtype=torch.bool)
+    padding[batch.tokens] = False
+    assert (batch.input_ids.reshape(-1)[padding] == 0).all()  # each row's free tail: one block from 0
+    for row_positions, row_pad in zip(batch.position_ids, padding.view(rows, width)):
+        assert row_positions[row_pad].tolist() == list(range(int(row_pad.sum())))
+        assert row_pad.tolist() == sorted(row_pad.tolist())  # padding only at the row's end
     side = [[float(i) + t / 100 for t in range(len(s))] for i, s in enumerate(seqs)]
     packed_side = pack_per_token(side, batch, torch.float64)
     assert [t.tolist() for t in unpack(packed_side, batch.cu_seqlens)] == [side[i] for i in indices]

@@ -171,6 +171,33 @@ def test_update_stats(process_group, model_path):
     assert 0 < stats["entropy"] <= math.log(engine.model.lm.config.vocab_size) + 1e-4
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_recompute_prox_equals_a_separate_pass(process_group, model_path, minibatches):
+    """The proximal log-probs taken inside the update (fused into the forward with one minibatch)
+    give the same update as a separate ``compute_logprobs`` pass handed in."""
+    results = []
+    for fused in (False, True):
+        engine = make_engine(model_path, f"actor.ppo_n_minibatches={minibatches}", "actor.max_tokens_per_mb=64")
+        trajs, adv = make_batch(engine)
+        trajs = [attrs.evolve(t, logprobs=[lp - 0.1 * (i % 3) * m for i, (lp, m) in enumerate(zip(t.logprobs, t.loss_mask))])
+                 for t in trajs]  # off-policy behaviour: the proximal anchor matters
+        if fused:
+            stats = engine.ppo_update(trajs, adv, recompute_prox=True)
+        else:
+            stats = engine.ppo_update(trajs, adv, engine.compute_logprobs([t.input_ids for t in trajs]))
+        results.append((stats, params(engine)))
+    (separate, p0), (inside, p1) = results
+    assert inside["time/prox_logp_s"] == 0.0 if minibatches == 1 else inside["time/prox_logp_s"] > 0
+    for key, value in separate.items():
+        if not key.startswith("time/") and key != "tokens_per_s":
+            assert inside[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert separate["behav_imp_weight_max"] > 1.05  # the anchor was not the behaviour policy
+    for name in p0:
+        torch.testing.assert_close(p1[name], p0[name], rtol=1e-6, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match="not both"):
+        make_engine(model_path).ppo_update(trajs, adv, [t.logprobs for t in trajs], recompute_prox=True)
+
+
 def grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
     """Full gradients left by the last optimizer step (the engine zeroes them at the next one)."""
     return {name: p.grad.full_tensor().clone() for name, p in engine.model.lm.named_parameters()}

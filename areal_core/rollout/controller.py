@@ -104,6 +104,8 @@ class RolloutController:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
+        self._session = self.engine.client_session()  # one HTTP session for every request on this loop
+        self.run(self._session.__aenter__())
         self._schedule_pump()
 
     def stop(self) -> None:
@@ -113,6 +115,7 @@ class RolloutController:
             return
         self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
         asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
+        asyncio.run_coroutine_threadsafe(self._session.__aexit__(None, None, None), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()

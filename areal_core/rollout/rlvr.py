@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import attrs
@@ -20,6 +21,8 @@ from areal_core.rollout.workflow import (
     stop_at_strings,
 )
 from areal_core.trajectory import Trajectory
+
+PROMPT_CACHE_SIZE = 4096  # token ids of this many recent prompts are kept
 
 
 class RLVRWorkflow:
@@ -43,10 +46,14 @@ class RLVRWorkflow:
         self.reward_runner = reward_runner
         self.sampling = sampling_params(gconfig, tokenizer, greedy=greedy)
         self.seed = seed
+        # prompts come back every epoch: render the chat template once per prompt
+        self._encode = functools.lru_cache(maxsize=PROMPT_CACHE_SIZE)(self._encode_prompt)
+
+    def _encode_prompt(self, prompt: str) -> tuple[int, ...]:
+        return tuple(encode_chat(self.tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True))
 
     async def __call__(self, engine: InferenceEngine, data: dict[str, Any]) -> list[Trajectory]:
-        messages = [{"role": "user", "content": data["prompt"]}]
-        prompt_ids = encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+        prompt_ids = list(self._encode(data["prompt"]))
         return list(
             await asyncio.gather(*(self._sample(engine, data, prompt_ids, i) for i in range(self.gconfig.n_samples)))
         )

@@ -205,10 +205,23 @@ class TrainController:
         return self._call(ComputeLogprobs([list(t.input_ids) for t in trajs]))
 
     def train_step(
-        self, trajs: list[Trajectory], advantages: list[float], prox_logprobs: list[list[float]] | None
+        self,
+        trajs: list[Trajectory],
+        advantages: list[float],
+        prox_logprobs: list[list[float]] | None,
+        *,
+        recompute_prox: bool = False,
     ) -> dict[str, float]:
-        """The PPO update over all minibatches; returns its stats and advances ``step``."""
-        stats = self._call(TrainStep(trajs, list(advantages), prox_logprobs))
+        """The PPO update over all minibatches; returns its stats and advances ``step``.
+
+        ``recompute_prox``: the workers take the proximal log-probs themselves (fused into the
+        update's forward where the algorithm allows; see ``TrainEngine.ppo_update``). The stats'
+        ``time/rpc_s`` is this call's time outside rank 0's update: pickling, transfer, replies.
+        """
+        start = time.perf_counter()
+        stats = self._call(TrainStep(trajs, list(advantages), prox_logprobs, recompute_prox))
+        worker_s = sum(v for k, v in stats.items() if k.startswith("time/"))
+        stats["time/rpc_s"] = max(0.0, time.perf_counter() - start - worker_s)
         self.step += 1
         return stats
 

@@ -264,29 +264,50 @@ class TrainEngine:
         trajs: list[Trajectory],
         advantages: list[float],
         prox_logprobs: list[list[float]] | None = None,
+        *,
+        recompute_prox: bool = False,
     ) -> dict[str, float]:
-        """One train step: ``ppo_n_minibatches`` optimizer steps over packed micro-batches."""
+        """One train step: ``ppo_n_minibatches`` optimizer steps over packed micro-batches.
+
+        ``recompute_prox``: the proximal log-probs are the current policy's, taken here. With one
+        minibatch no update happens before its forward, so that forward's (detached) log-probs
+        are them and no extra pass runs; with more, one :meth:`compute_logprobs` pass runs first.
+        The ``time/*`` entries say where the step went (seconds, this rank).
+        """
         if len(advantages) != len(trajs):
             raise ValueError(f"got {len(advantages)} advantages for {len(trajs)} trajectories; pass one per trajectory")
         if prox_logprobs is not None and len(prox_logprobs) != len(trajs):
             raise ValueError(f"got {len(prox_logprobs)} prox_logprobs lists for {len(trajs)} trajectories")
+        if prox_logprobs is not None and recompute_prox:
+            raise ValueError("pass prox_logprobs or recompute_prox=True, not both")
         start = time.perf_counter()
+        minibatches = split_minibatches(len(trajs), self.config.actor.ppo_n_minibatches)
+        fused = recompute_prox and len(minibatches) == 1
+        prox_s = 0.0
+        if recompute_prox and not fused:
+            prox_logprobs = self.compute_logprobs([t.input_ids for t in trajs])
+            prox_s = time.perf_counter() - start
         lengths = [len(t.input_ids) for t in trajs]
         stats = _StepStats()
-        minibatches = split_minibatches(len(trajs), self.config.actor.ppo_n_minibatches)
-        steps = [self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats) for mb in minibatches]
+        steps = [
+            self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats, fused) for mb in minibatches
+        ]
         self.step += 1
         gathered: list[_StepStats | None] = [None] * self.world_size
         dist.all_gather_object(gathered, stats)
         out = _StepStats.merge(gathered)
         out["loss"] = out.pop("loss_share", 0.0) / len(minibatches)  # the objective, not a token mean
-        out["grad_norm"] = sum(norm for norm, _ in steps) / len(steps)
-        out["skipped_updates"] = float(sum(not math.isfinite(norm) for norm, _ in steps))
+        out["grad_norm"] = sum(norm for norm, _, _ in steps) / len(steps)
+        out["skipped_updates"] = float(sum(not math.isfinite(norm) for norm, _, _ in steps))
         out["lr"] = steps[-1][1]  # used by the last optimizer step
         out["n_seqs"] = float(len(trajs))
         out["n_tokens"] = float(sum(lengths))
         out["n_loss_tokens"] = float(sum(t.n_output_tokens for t in trajs))
-        out["tokens_per_s"] = sum(lengths) / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        out["tokens_per_s"] = sum(lengths) / elapsed
+        out["time/prox_logp_s"] = prox_s
+        out["time/optimizer_s"] = sum(t for _, _, t in steps)
+        out["time/train_fwd_bwd_s"] = elapsed - prox_s - out["time/optimizer_s"]
         return out
 
     def _minibatch_step(
@@ -297,8 +318,9 @@ class TrainEngine:
         lengths: list[int],
         minibatch: list[int],
         stats: _StepStats,
-    ) -> tuple[float, float]:
-        """One optimizer step over ``minibatch``; returns (grad norm, lr used)."""
+        fused_prox: bool,
+    ) -> tuple[float, float, float]:
+        """One optimizer step over ``minibatch``; returns (grad norm, lr used, optimizer seconds)."""
         mine = self._my_share(lengths, minibatch)
         local = [sum(trajs[i].n_output_tokens for i in mine), len(mine)]
         norms = torch.tensor(local, dtype=torch.float64, device=self.device)
@@ -313,17 +335,20 @@ class TrainEngine:
             self.model.set_requires_gradient_sync(per_step)
             self.model.set_reshard_after_backward(per_step)
             if k < len(bins):
-                loss = self._micro_loss(trajs, advantages, prox_logprobs, bins[k], token_norm, seq_norm, stats)
+                loss = self._micro_loss(
+                    trajs, advantages, prox_logprobs, bins[k], token_norm, seq_norm, stats, fused_prox
+                )
             else:  # every rank runs the same number of forwards/backwards (FSDP collectives)
                 loss = self._padding_loss()
             loss.backward()
+        opt_start = time.perf_counter()
         params = list(self.model.parameters())
         grad_norm = clip_grad_norm(params, self.config.actor.optimizer.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):  # the same on every rank: all skip a non-finite update
             self.optimizer.step()
         self.scheduler.step()
-        return grad_norm, lr
+        return grad_norm, lr, time.perf_counter() - opt_start
 
     def _micro_loss(
         self,
@@ -334,7 +359,10 @@ class TrainEngine:
         token_norm: float,
         seq_norm: float,
         stats: _StepStats,
+        fused_prox: bool,
     ) -> torch.Tensor:
+        """``fused_prox``: no update has happened yet this step, so this forward's detached
+        log-probs are the proximal ones."""
         seqs = [t.input_ids for t in trajs]
         batch = pack(seqs, indices)
         dev = self.device
@@ -347,6 +375,8 @@ class TrainEngine:
             with torch.no_grad():
                 ref, _ = self._logprobs(self.ref_model, batch, with_entropy=False)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=True)
+        if fused_prox:
+            prox = logprobs.detach().clone()
         loss_input = LossInput(
             old_logprobs=old,
             prox_logprobs=prox,

@@ -66,7 +66,7 @@ def packed_token_logprobs(
 
     hidden = packed_hidden_states(model, batch)
     weight = _unsharded_head_weight(model)
-    ids = batch.input_ids[0]
+    ids = batch.flat_ids
     # hidden[t] predicts ids[t + 1]; rows that cross a sequence boundary are masked to 0 below
     logp, entropy = token_logprobs(
         hidden[:-1], weight, ids[1:], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy

@@ -1,8 +1,12 @@
-"""Sequence packing: first-fit-decreasing micro-batches, a packed (padding-free) layout, and the
-decoder forward over it with no attention across sequence boundaries.
+"""Sequence packing: first-fit-decreasing micro-batches, a packed layout, and the decoder forward
+over it with no attention across sequence boundaries.
 
-A micro-batch is one row of concatenated sequences (``[1, N]``) whose position ids restart at 0
-for each sequence; ``cu_seqlens`` marks the boundaries, as flash-attention's varlen kernels expect.
+A micro-batch's ``N`` tokens are laid out in rows as wide as its longest sequence (``[R, W]``),
+sequences placed first-fit-decreasing, each row's free tail one padding block; position ids
+restart at 0 for every sequence and padding block. Attention then costs at most ``N * W`` (not
+``N * N`` as in one long row), and padding is at most one block per row. ``tokens`` maps the
+packed token order (sequences in the caller's order, back to back) to the flat row layout;
+``cu_seqlens`` marks the boundaries in that order, as flash-attention's varlen kernels expect.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ def first_fit_decreasing(lengths: Sequence[int], max_tokens: int) -> list[list[i
 
 @attrs.frozen(eq=False)
 class PackedBatch:
-    """Sequences concatenated into one row, with per-sequence position ids and boundaries."""
+    """Sequences packed into rows, with per-sequence position ids and boundaries."""
 
-    input_ids: torch.Tensor  # long [1, N]
-    position_ids: torch.Tensor  # long [1, N], restarting at 0 for each sequence
+    input_ids: torch.Tensor  # long [R, W], padding blocks hold token 0
+    position_ids: torch.Tensor  # long [R, W], restarting at 0 for each sequence and padding block
+    tokens: torch.Tensor  # long [N], flat ``[R * W]`` position of each packed token
     cu_seqlens: torch.Tensor  # int32 [n_seqs + 1], cumulative sequence lengths
     seq_ids: torch.Tensor  # long [N], local index of each token's sequence
     indices: tuple[int, ...]  # position of each packed sequence in the caller's list
@@ -55,16 +60,21 @@ class PackedBatch:
 
     @property
     def n_tokens(self) -> int:
-        return self.input_ids.shape[1]
+        return self.tokens.shape[0]
 
     @property
     def seq_lens(self) -> list[int]:
         return self.cu_seqlens.diff().tolist()
 
     @property
+    def flat_ids(self) -> torch.Tensor:
+        """Long ``[N]``: the packed tokens, sequences back to back in ``indices`` order."""
+        return self.input_ids.reshape(-1)[self.tokens]
+
+    @property
     def seq_starts(self) -> torch.Tensor:
         """Bool ``[N]``: True at the first token of each sequence."""
-        return self.position_ids[0] == 0
+        return self.position_ids.reshape(-1)[self.tokens] == 0
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch with every tensor on ``device``."""
@@ -72,13 +82,14 @@ class PackedBatch:
             self,
             input_ids=self.input_ids.to(device),
             position_ids=self.position_ids.to(device),
+            tokens=self.tokens.to(device),
             cu_seqlens=self.cu_seqlens.to(device),
             seq_ids=self.seq_ids.to(device),
         )
 
 
 def pack(sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBatch:
-    """Pack ``sequences[i] for i in indices`` (in that order) into one row."""
+    """Pack ``sequences[i] for i in indices`` (in that order) into rows as wide as the longest."""
     import torch
 
     if not indices:
@@ -86,15 +97,29 @@ def pack(sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBa
     chosen = [sequences[i] for i in indices]
     lengths = [len(s) for s in chosen]
     _check_lengths(lengths, indices)
+    width = max(lengths)
+    rows = first_fit_decreasing(lengths, width)
+    starts = [0] * len(lengths)  # flat offset of each sequence's first token
+    used = [0] * len(rows)
+    for r, row in enumerate(rows):
+        for k in row:
+            starts[k] = r * width + used[r]
+            used[r] += lengths[k]
     lens = torch.tensor(lengths, dtype=torch.long)
-    ids = torch.tensor([tok for s in chosen for tok in s], dtype=torch.long)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = lens.cumsum(0)
     seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens)
-    positions = torch.arange(len(ids)) - cu[:-1].long()[seq_ids]
+    positions = torch.arange(int(cu[-1])) - cu[:-1].long()[seq_ids]
+    tokens = torch.tensor(starts, dtype=torch.long)[seq_ids] + positions
+    ids = torch.zeros(len(rows) * width, dtype=torch.long)
+    ids[tokens] = torch.tensor([tok for s in chosen for tok in s], dtype=torch.long)
+    pad_positions = (torch.arange(width)[None, :] - torch.tensor(used)[:, None]).clamp(min=0)  # each row's free tail
+    grid_positions = pad_positions.reshape(-1)
+    grid_positions[tokens] = positions
     return PackedBatch(
-        input_ids=ids.unsqueeze(0),
-        position_ids=positions.unsqueeze(0),
+        input_ids=ids.view(len(rows), width),
+        position_ids=grid_positions.view(len(rows), width),
+        tokens=tokens,
         cu_seqlens=cu,
         seq_ids=seq_ids,
         indices=tuple(int(i) for i in indices),
@@ -120,14 +145,15 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
 
 
 def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch.
+    """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch,
+    in packed token order (padding dropped).
 
     Masking: transformers' own packed-sequence path. With ``attention_mask=None``, no cache and
-    position ids that restart at 0, ``create_causal_mask`` detects the sequence boundaries and
-    builds a block-diagonal causal mask (one ``[1, 1, N, N]`` bool mask shared by all layers for
-    sdpa, an additive one for eager, a BlockMask for flex), and flash-attention derives varlen
-    ``cu_seqlens`` from the position ids (no mask at all). So no token attends across sequences,
-    whatever attention implementation the model was loaded with.
+    position ids that restart at 0, ``create_causal_mask`` detects the sequence boundaries in each
+    row and builds a block-diagonal causal mask (one ``[R, 1, W, W]`` bool mask shared by all
+    layers for sdpa, an additive one for eager, a BlockMask for flex), and flash-attention derives
+    varlen ``cu_seqlens`` from the position ids (no mask at all). So no token attends across
+    sequences (or padding blocks), whatever attention implementation the model was loaded with.
 
     The forward goes through the root module (``model(...)``) rather than ``model.get_decoder()``
     directly, so FSDP2's root hooks all-gather the embedding/norm/head parameters; the decoder's
@@ -153,7 +179,8 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.Te
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder forward per model forward, saw {len(captured)}")
-    return captured[0][0]
+    hidden = captured[0]
+    return hidden.reshape(-1, hidden.shape[-1])[batch.tokens]
 
 
 def _check_lengths(lengths: Sequence[int], names: Sequence[int] | None = None) -> None:

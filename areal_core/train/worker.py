@@ -72,9 +72,10 @@ class TrainStep:
     trajs: list[Trajectory]
     advantages: list[float]
     prox_logprobs: list[list[float]] | None
+    recompute_prox: bool = False
 
     def run(self, engine: TrainEngine) -> dict[str, float]:
-        return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs)
+        return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs, recompute_prox=self.recompute_prox)
 
 
 @attrs.frozen
