@@ -10,35 +10,31 @@ Weight versions are SGLang's own: servers start with ``--weight-version 0``, upd
 ``weight_version``, ``set_version`` calls ``/update_weight_version``, and each reply's
 ``meta_info.weight_versions`` spans tag its tokens.
 
-Collective updates (``xccl``) use ``/init_weights_update_group`` and, per bucket,
-``/update_weights_from_distributed`` with ``load_format: flattened_bucket`` (one flat uint8
-broadcast, the layout the trainer sends) inside a ``/begin_weight_update`` ..
-``/end_weight_update`` session; ``commit_weights`` ends the session and sets the version. SGLang
-0.5.23 loads each bucket into the served model as it arrives (there is no staging API), so until
-the commit only paused generation (the trainer pauses around updates) keeps tokens off a
+Collective updates (``xccl``) go through SGLang's own protocol: ``weight_channel`` names the
+trainer half (:mod:`areal_engine_sglang.channel`: SGLang's group handshake, then per bucket
+``/update_weights_from_distributed`` with ``load_format: flattened_bucket`` inside a
+``/begin_weight_update`` session) and ``commit_weights`` ends the session and sets the version.
+SGLang 0.5.23 loads each bucket into the served model as it arrives (there is no staging API), so
+until the commit only paused generation (the trainer pauses around updates) keeps tokens off a
 half-updated model, and a transfer that fails midway leaves a mix of old and new weights until
 the next successful update.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import GenerationRequest
-from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json, post_json
+from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
 from areal_engine_sglang.protocol import (
     DiskUpdateBody,
-    DistributedUpdateBody,
     GenerateBody,
-    GroupNameBody,
     PauseBody,
-    WeightGroupBody,
     WeightVersionBody,
     parse_generate,
     sampling_params,
@@ -49,9 +45,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.platform import Platform
     from areal_core.scheduler.base import Scheduler
-    from areal_core.weights import WeightUpdateMeta
-
-log = logging.getLogger(__name__)
+    from areal_core.weight_channel import ChannelSpec
 
 #: The bearer token (SGLang's ``--api-key``); set it to attach to servers started by hand.
 TOKEN_ENV = "AREAL_SGLANG_TOKEN"
@@ -66,11 +60,6 @@ class SGLangEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/pause_generation"
     resume_route = "/continue_generation"
-
-    def __init__(self, config: Config, platform: Platform) -> None:
-        super().__init__(config, platform)
-        self._group_name: str | None = None  # the weight group the servers joined last
-        self._loading: int | None = None  # version of the open begin/end weight-update session
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -132,68 +121,18 @@ class SGLangEngine(HTTPServerEngine):
     def set_version(self, version: int) -> None:
         self._broadcast("/update_weight_version", to_json(WeightVersionBody(new_version=str(version))))
 
-    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
-        """Server ``i`` joins as ranks ``1 + i * tp`` onwards; blocks until the trainer (rank 0) joins."""
-        tp = self.config.rollout.devices_per_server
-        if meta.world_size != 1 + tp * len(self.addresses):
-            raise ValueError(
-                f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} sglang servers x {tp}"
-            )
-        self._end_session()  # left open by a failed update
-        if self._group_name is not None:
-            self._leave_group(self._group_name)
-        bodies = [
-            to_json(
-                WeightGroupBody(
-                    master_address=meta.master_addr,
-                    master_port=meta.master_port,
-                    rank_offset=1 + i * tp,
-                    world_size=meta.world_size,
-                    group_name=meta.group_name,
-                    backend=meta.backend,
-                )
-            )
-            for i in range(len(self.addresses))
-        ]
-        self._fan_out("/init_weights_update_group", bodies)
-        self._group_name = meta.group_name
-
-    def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Blocks until rank 0 broadcasts the bucket; SGLang loads it into the served model at once."""
-        if self._group_name is None:
-            raise ArealError("sglang: receive_weights() before init_weight_group()")
-        if self._loading != meta.version:
-            self._end_session()
-            self._broadcast("/begin_weight_update", {})
-            self._loading = meta.version
-        body = DistributedUpdateBody(
-            names=list(meta.names),
-            dtypes=list(meta.dtypes),
-            shapes=[list(s) for s in meta.shapes],
-            group_name=self._group_name,
+    def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
+        """SGLang's group handshake and ``flattened_bucket`` broadcasts over the platform's backend."""
+        return self._channel_spec(
+            "areal_engine_sglang.channel:SGLangWeightChannel",
+            self.platform.dist_backend,
+            master_addr,
+            master_port,
+            group_name,
         )
-        self._broadcast("/update_weights_from_distributed", to_json(body))
 
     def commit_weights(self, version: int) -> None:
-        if self._loading != version:
-            loading = "nothing" if self._loading is None else f"version {self._loading}"
-            raise ArealError(
-                f"sglang: cannot commit version {version}: {loading} was received; receive its buckets first"
-            )
-        self._end_session()
+        """End the weight-update session the channel opened, then serve ``version``; SGLang refuses
+        the end (``no weight-update session is open``) when nothing was sent."""
+        self._broadcast("/end_weight_update", {})
         self.set_version(version)
-
-    def _end_session(self) -> None:
-        if self._loading is not None:
-            self._loading = None
-            self._broadcast("/end_weight_update", {})
-
-    def _leave_group(self, group_name: str) -> None:
-        """Destroy the previous group on every server that still has it (a replaced server has not)."""
-        timeout = self.config.rollout.request_timeout
-        for address in self.addresses:
-            try:
-                post_json(address, "/destroy_weights_update_group", to_json(GroupNameBody(group_name=group_name)),
-                          self._headers(), timeout, _LABEL)  # fmt: skip
-            except ArealError as exc:
-                log.info("weight group %r was not destroyed: %s", group_name, exc)

@@ -13,7 +13,9 @@ error bodies and ``--api-key`` bearer auth, written from the ``sglang==0.5.23`` 
 flush after update) and ``sglang/srt/utils/weight_versions.py`` (per-token version spans).
 
 Generation is transformers through ``areal_core.hf_engine``'s batched :class:`Generator` (real
-log-probs, abort), weights move with its receiver helpers (disk reload, gloo receive). Where it
+log-probs, abort); disk reloads use its receiver helpers. The weight group is SGLang's own
+handshake and ``flattened_bucket`` split (:mod:`sglang_weight_group`: SGLang's code where
+``sglang`` imports, else a FAKE of it), never ours, so a trainer that joins differently fails. Where it
 differs from SGLang: one prompt per ``/generate`` (no batches, no streaming, no top-k other than
 greedy), ``/pause_generation`` mode ``abort`` only, no radix cache (``/flush_cache`` only checks
 that nothing runs), out-of-vocabulary ``input_ids`` are a 400, and FastAPI's validation texts are
@@ -41,12 +43,12 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from areal_core.hf_engine.bucket import bucket_nbytes, parse_dtype
 from areal_core.hf_engine.generator import Generator
-from areal_core.hf_engine.protocol import GenerateBody, GenerateResult, ReceiveWeightsBody
-from areal_core.hf_engine.protocol import WeightGroupBody as HFWeightGroupBody
-from areal_core.hf_engine.receiver import WeightGroup, copy_into_model, read_safetensors_dir
+from areal_core.hf_engine.protocol import GenerateBody, GenerateResult
+from areal_core.hf_engine.receiver import copy_into_model, read_safetensors_dir
 from areal_core.hf_engine.server import load_served_model, run_generator_with
+
+import sglang_weight_group  # a sibling (this file runs as a script): SGLang's own group handshake, or a FAKE
 
 log = logging.getLogger("fake_sglang_server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -83,7 +85,6 @@ SAMPLING_KEYS = (
 )  # fmt: skip
 _SAMPLING_EPS = 1e-6  # SGLang: temperature below this is greedy
 _TOP_K_ALL = 1 << 30
-_GROUP_TIMEOUT_S = 300.0  # weight-group collectives (the hf server's default)
 
 
 class BadRequest(Exception):
@@ -170,7 +171,7 @@ class FakeSGLangServer:
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.versions = [weight_version]  # Generator.version indexes this list
-        self.groups: dict[str, WeightGroup] = {}
+        self.groups: dict[str, Any] = {}  # group name -> torch ProcessGroup
         self.session_open = False
         self.paused = False
         self.writing = False  # SGLang's model_update_lock writer: new requests wait, running ones finish
@@ -455,16 +456,15 @@ class FakeSGLangServer:
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         f = await _fields(request, GROUP_FIELDS)
-        body = HFWeightGroupBody(
-            master_addr=str(f["master_address"]), master_port=int(f["master_port"]), rank_offset=int(f["rank_offset"]),
-            world_size=int(f["world_size"]), backend=str(f["backend"]), group_name=str(f["group_name"]),
-        )  # fmt: skip
-        try:
-            group = await asyncio.to_thread(WeightGroup, body, _GROUP_TIMEOUT_S)
+        try:  # SGLang's join, as its model runner calls it (sglang_weight_group says whose code runs)
+            group = await asyncio.to_thread(
+                sglang_weight_group.join, str(f["master_address"]), int(f["master_port"]), int(f["rank_offset"]),
+                int(f["world_size"]), str(f["group_name"]), str(f["backend"]),
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - SGLang answers failures as success=false
             message = f"Failed to initialize custom process group: {exc}."
             return web.json_response({"success": False, "message": message}, status=400)
-        self.groups[body.group_name] = group
+        self.groups[str(f["group_name"])] = group
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
@@ -474,7 +474,11 @@ class FakeSGLangServer:
             return web.json_response(
                 {"success": False, "message": "The group to be destroyed does not exist."}, status=400
             )
-        group.close()
+        try:
+            await asyncio.to_thread(torch.distributed.destroy_process_group, group)
+        except Exception as exc:  # noqa: BLE001
+            message = f"Failed to destroy custom process group: {exc}."
+            return web.json_response({"success": False, "message": message}, status=400)
         return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def begin_weight_update(self, request: web.Request) -> web.Response:
@@ -521,7 +525,7 @@ class FakeSGLangServer:
         except Exception as exc:  # noqa: BLE001 - as SGLang: the call fails, the server keeps serving
             return False, f"Failed to receive weights: {exc}"
         try:
-            await self.gen.on_model_thread(lambda: copy_into_model(self.gen.model, tensors, complete=False))
+            await self.gen.on_model_thread(lambda: copy_into_model(self.gen.model, dict(tensors), complete=False))
         except Exception as exc:  # noqa: BLE001
             return False, (
                 f"Failed to update parameter online: {exc}. The full weights of the ModelRunner are partially "
@@ -542,28 +546,22 @@ class FakeSGLangServer:
 
 
 def _receive(
-    group: WeightGroup, load_format: str | None, names: list[str], dtypes: list[str], shapes: list[list[int]]
-) -> dict[str, torch.Tensor]:
-    """One flat uint8 broadcast (``flattened_bucket``) or one broadcast per tensor (SGLang's default)."""
-    if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"zip() argument lengths differ: {len(names)}/{len(dtypes)}/{len(shapes)}")
+    group: Any, load_format: str | None, names: list[str], dtypes: list[str], shapes: list[list[int]]
+) -> list[tuple[str, torch.Tensor]]:
+    """``receive_weights_from_distributed``: one flat uint8 broadcast (``flattened_bucket``) or one
+    broadcast per tensor (SGLang's default format)."""
     if load_format == "flattened_bucket":
-        offset = 0
-        for name, dtype, shape in zip(names, dtypes, shapes):
-            torch_dtype = parse_dtype(dtype)
-            if offset % torch_dtype.itemsize:
-                raise ValueError(f"Unaligned received tensor {name}: byte offset {offset}, dtype {torch_dtype}")
-            offset += math.prod(shape) * torch_dtype.itemsize
-        flat = torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8)
-        return group.receive(ReceiveWeightsBody(names=names, dtypes=dtypes, shapes=shapes), flat)
+        return sglang_weight_group.receive_flattened_bucket(group, names, dtypes, shapes)
     if load_format is not None:
         raise NotImplementedError(f"Unknown load_format={load_format}")
-    tensors = {}
+    weights, handles = [], []
     for name, dtype, shape in zip(names, dtypes, shapes):
-        tensor = torch.empty(shape, dtype=parse_dtype(dtype))
-        group.group.broadcast(tensor, 0).wait()
-        tensors[name] = tensor
-    return tensors
+        weight = torch.empty(shape, dtype=getattr(torch, dtype))
+        handles.append(torch.distributed.broadcast(weight, src=0, group=group, async_op=True))
+        weights.append((name, weight))
+    for handle in handles:
+        handle.wait()
+    return weights
 
 
 def build_app(args: argparse.Namespace) -> web.Application:
@@ -598,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info(
         "FakeSGLangServer (not SGLang) loading %s on %s:%d; ignoring %s", args.model_path, args.host, args.port, ignored
     )
+    log.info("weight group: %s", sglang_weight_group.SOURCE)
     web.run_app(build_app(args), host=args.host, port=args.port, print=None, access_log=None)
 
 
