@@ -107,7 +107,8 @@ def _start_fake_sglang(engine: Any, scheduler: LocalScheduler) -> None:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     spec = engine.server_spec(0, port, run_dir)
     assert spec.cmd[1:3] == ["-m", SERVER_MODULE]
-    spec = attrs.evolve(spec, cmd=[spec.cmd[0], str(FAKE_SGLANG), *spec.cmd[3:]])
+    python = os.environ.get("AREAL_SGLANG_PYTHON") or spec.cmd[0]  # with sglang: its own group handshake
+    spec = attrs.evolve(spec, cmd=[python, str(FAKE_SGLANG), *spec.cmd[3:]])
     address = f"127.0.0.1:{port}"
     handle = scheduler.start(spec)
     up = functools.partial(engine.server_is_up, address)

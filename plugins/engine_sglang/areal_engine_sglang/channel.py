@@ -102,6 +102,8 @@ class SGLangWeightChannel(FlatBucketChannel):
             ))
             for i in range(len(spec.servers))
         ]  # fmt: skip
+        # a group of this name left by a trainer that died: SGLang (and torch) refuse to create it twice
+        self._post_each_quietly("/destroy_weights_update_group", self._group_name_body(), _DESTROY_TIMEOUT_S)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-join")
         servers = pool.submit(self._post, "/init_weights_update_group", bodies)  # each blocks until all joined
         try:
@@ -153,9 +155,10 @@ class SGLangWeightChannel(FlatBucketChannel):
         if group is None:
             return
         leave_group(group)
-        self._post_each_quietly(
-            "/destroy_weights_update_group", to_json(GroupNameBody(group_name=self.spec.group_name)), _DESTROY_TIMEOUT_S
-        )
+        self._post_each_quietly("/destroy_weights_update_group", self._group_name_body(), _DESTROY_TIMEOUT_S)
+
+    def _group_name_body(self) -> dict[str, Any]:
+        return to_json(GroupNameBody(group_name=self.spec.group_name))
 
     def _post(self, route: str, bodies: list[dict[str, Any]]) -> None:
         post_all(self.spec.servers, route, bodies, self.spec.token, self.spec.timeout_s, _LABEL)

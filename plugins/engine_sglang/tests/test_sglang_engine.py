@@ -8,12 +8,11 @@ fake_sglang_server.py), started once per module; SGLang itself needs a CUDA mach
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import json
+import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,18 +27,19 @@ import torch
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.engine import GenerationRequest, SamplingParams
 from areal_core.errors import ArealError, ConfigError
-from areal_core.hf_engine.bucket import flatten_bucket
 from areal_core.platform import CpuPlatform
 from areal_core.scheduler.base import ProcessSpec, free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, hf_greedy, perturbed_model
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weights import WeightUpdateMeta
+from areal_core.weight_channel import WeightChannel, open_channel
 from areal_engine_sglang.client import SGLangEngine
 from areal_engine_sglang.launch import SERVER_MODULE, server_command
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang_server.py"
+#: runs the fake; one where sglang imports makes it join through SGLang's own code (sglang_weight_group)
+SGLANG_PYTHON = os.environ.get("AREAL_SGLANG_PYTHON") or sys.executable
 PROMPT = [3, 4, 5]
 
 
@@ -118,7 +118,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     engine = SGLangEngine(config, CpuPlatform())
     port = free_port()
-    cmd = [sys.executable, str(FAKE_SGLANG), *server_command(config, port, seed=1, token=engine.token)[2:]]
+    cmd = [SGLANG_PYTHON, str(FAKE_SGLANG), *server_command(config, port, seed=1, token=engine.token)[2:]]
     with LocalScheduler(CpuPlatform()) as scheduler:
         scheduler.start(ProcessSpec(name="fake_sglang", cmd=cmd, log_file=str(root / "fake_sglang.log")))
         address = f"127.0.0.1:{port}"
@@ -174,70 +174,52 @@ def test_refused_requests_carry_sglangs_error_bodies(served: Served) -> None:
     bad = GenerationRequest(input_ids=PROMPT, sampling=SamplingParams(max_new_tokens=4, top_p=0.0))
     with pytest.raises(ArealError, match=r"/generate failed \(400\): top_p must be in \(0, 1\], got 0.0"):
         generate_all(served.engine, [bad])
-    with pytest.raises(ArealError, match="cannot commit version 4: nothing was received"):
-        served.engine.commit_weights(4)
+    with pytest.raises(ArealError, match="no weight-update session is open; call begin_weight_update"):
+        served.engine.commit_weights(4)  # nothing was sent
     assert served.engine.served_versions() == [0]
 
 
-def _join(engine: SGLangEngine, name: str) -> tuple[WeightUpdateMeta, Any]:
-    """A weight group with the servers, this process as rank 0 (the trainer's side)."""
-    import torch.distributed as dist
+class _Tensors:
+    """A :class:`~areal_core.weight_channel.TensorSource` over fixed (name, tensor) pairs."""
 
-    timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
-    meta = WeightUpdateMeta(version=0, master_port=store.port, world_size=2, group_name=name)
-    joined = threading.Thread(target=engine.init_weight_group, args=(meta,))
-    joined.start()
-    group = dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, timeout)
-    joined.join(timeout=60)
-    return meta, (group, store)
+    def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        self.named = named
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in self.named]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((n, t.detach()) for n, t in self.named)
 
 
-def _send(engine: SGLangEngine, group: Any, version: int, named: list[tuple[str, torch.Tensor]]) -> None:
-    """One bucket: the engine's receive call and rank 0's broadcast, concurrently."""
-    meta = WeightUpdateMeta(
-        version=version,
-        names=tuple(n for n, _ in named),
-        dtypes=tuple(str(t.dtype).removeprefix("torch.") for _, t in named),
-        shapes=tuple(tuple(t.shape) for _, t in named),
-    )
-    errors: list[BaseException] = []
-
-    def receive() -> None:
-        try:
-            engine.receive_weights(meta)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    group.broadcast(flatten_bucket([t for _, t in named]), 0).wait()
-    thread.join(timeout=60)
-    if errors:
-        raise errors[0]
+def _channel(engine: SGLangEngine, group_name: str) -> WeightChannel:
+    """The engine's channel, joined by this process as trainer rank 0 (64 KiB buckets)."""
+    spec = engine.weight_channel("127.0.0.1", free_port(), group_name)
+    channel = open_channel(attrs.evolve(spec, bucket_bytes=1 << 16), rank=0, device=torch.device("cpu"))
+    channel.join()
+    return channel
 
 
 @pytest.mark.slow
 def test_a_failed_collective_update_is_recovered_by_the_next_one(served: Served) -> None:
     engine = served.engine
-    _, (group, _store) = _join(engine, "first")
-    wrong = [("model.not_a_layer.weight", torch.zeros(4, 4))]
-    with pytest.raises(ArealError, match="Failed to update parameter online"):
-        _send(engine, group, 5, wrong)  # its begin/end session stays open on the server
-    group.abort()
+    (address,) = engine.addresses
+    first = _channel(engine, "first")
+    with pytest.raises(ArealError, match="Failed to update parameter online"):  # received, then refused
+        first.send(_Tensors([("model.not_a_layer.weight", torch.zeros(4, 4))]), 5)
+    assert first.group is None  # the failure left the group: destroyed here and on the server
+    assert post(address, "/destroy_weights_update_group", {"group_name": "first"}, engine.token)[0] == 400
 
     new_model = perturbed_model(served.base_dir, seed=4, scale=0.2)
-    _, (group, _store) = _join(engine, "second")  # ends the session, destroys group "first"
-    params = list(new_model.named_parameters())
+    second = _channel(engine, "second")
     try:
-        _send(engine, group, 6, params[: len(params) // 2])
-        _send(engine, group, 6, params[len(params) // 2 :])
+        second.send(_Tensors(list(new_model.named_parameters())), 6)  # ends the session the failure left open
         engine.commit_weights(6)
         assert engine.served_versions() == [6]
         (resp,) = generate_all(engine, [greedy_request(PROMPT, 16)])
         assert resp.versions == [6] * 16 and resp.output_ids == hf_greedy(new_model, PROMPT, 16)
     finally:
-        group.abort()
+        second.leave()
         engine.load_weights_from_disk(str(served.base_dir), 0)
-    (address,) = engine.addresses
-    assert post(address, "/destroy_weights_update_group", {"group_name": "first"}, engine.token)[0] == 400  # gone
+    with pytest.raises(ArealError, match="no weight-update session is open"):  # the commit ended it
+        engine.commit_weights(7)
