@@ -7,7 +7,9 @@ torch's ``rendezvous`` on ``tcp://master:port``, a ``PrefixStore(group_name)`` o
 then torch's ``_new_process_group_helper`` (no global ranks, so a group of its own), and an
 identity ``pg_group_ranks`` entry so ``torch.distributed.broadcast(src=0, group=...)`` works.
 Trainer rank 0 makes the same torch calls as rank 0 at the same time (:func:`join_group`), so
-every store key meets; its ``rendezvous`` hosts the TCPStore, as SGLang expects of rank 0.
+every store key meets; its ``rendezvous`` hosts the TCPStore, as SGLang expects of rank 0. A
+group of the same name left on a server by a trainer that died is destroyed first (SGLang and
+torch refuse a second group of one name).
 
 **Send.** ``POST /begin_weight_update`` opens SGLang's weight-update session (one left open by a
 failed update is ended first: SGLang refuses a second). Per bucket, ``POST
@@ -102,7 +104,7 @@ class SGLangWeightChannel(FlatBucketChannel):
             ))
             for i in range(len(spec.servers))
         ]  # fmt: skip
-        # a group of this name left by a trainer that died: SGLang (and torch) refuse to create it twice
+        # a group of this name left by a trainer that died (SGLang refuses a second one)
         self._post_each_quietly("/destroy_weights_update_group", self._group_name_body(), _DESTROY_TIMEOUT_S)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-join")
         servers = pool.submit(self._post, "/init_weights_update_group", bodies)  # each blocks until all joined

@@ -42,8 +42,6 @@ from areal_engine_sglang.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
     from areal_core.scheduler.base import Scheduler
     from areal_core.weight_channel import ChannelSpec
 

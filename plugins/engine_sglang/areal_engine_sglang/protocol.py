@@ -28,7 +28,8 @@ from areal_core.hf_engine.protocol import to_json
 __all__ = ["to_json"]
 
 #: ``/update_weights_from_distributed``'s ``load_format`` for one flat uint8 broadcast per bucket:
-#: tensors' raw bytes back to back, the layout of ``areal_core.hf_engine.bucket.flatten_bucket``.
+#: tensors' raw bytes back to back (``areal_core.weight_channel.flatten_bucket``), each at a byte offset that is
+#: a multiple of its dtype's size.
 FLAT_BUCKET = "flattened_bucket"
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 
-def FAKE_init_custom_process_group(  # noqa: N802 - the name says FAKE wherever it is used
+def FAKE_init_custom_process_group(
     backend: str | None = None,
     init_method: str | None = None,
     timeout: Any = None,
@@ -86,7 +86,6 @@ class FakeFlattenedTensorBucket:
 try:
     from sglang.srt.utils.common import init_custom_process_group
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
     from sglang.version import __version__ as _sglang_version
 
     SOURCE = f"sglang {_sglang_version}'s own init_custom_process_group and FlattenedTensorBucket"
