@@ -31,12 +31,9 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
-
 from areal_core.errors import ArealError
 from areal_core.weight_channel import (
     Bucket,
-    ChannelSpec,
     FlatBucketChannel,
     TensorSource,
     parse_dtype,
@@ -89,10 +86,6 @@ def leave_group(group: Any) -> None:
 class SGLangWeightChannel(FlatBucketChannel):
     """Trainer half of SGLang's collective weight update (``/init_weights_update_group`` ...)."""
 
-    def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
-        super().__init__(spec, rank=rank, device=device)
-        self._session_open = False  # this send opened the servers' begin/end weight-update session
-
     def join(self) -> None:
         if not self.is_sender:
             return
@@ -131,13 +124,11 @@ class SGLangWeightChannel(FlatBucketChannel):
     def send(self, source: TensorSource, version: int) -> None:
         # every rank checks the same plan, so all raise (before any gather) or none does
         _check_aligned(plan_buckets(source.specs(), self.spec.bucket_bytes))
-        self._session_open = False
+        if self.is_sender and self.group is not None:
+            self._begin_session()  # before any broadcast: a refusal here leaves nothing blocked
         super().send(source, version)
 
     def _receive(self, bucket: Bucket, version: int) -> None:
-        if not self._session_open:
-            self._begin_session()
-            self._session_open = True
         body = DistributedUpdateBody(
             names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.spec.group_name
         )
