@@ -40,7 +40,7 @@ from areal_core.weight_channel import (
     plan_buckets,
     post_all,
 )
-from areal_engine_sglang.protocol import DistributedUpdateBody, GroupNameBody, WeightGroupBody, to_json
+from areal_engine_sglang.protocol import DistributedUpdateBody, GroupNameBody, to_json, weight_group_bodies
 
 log = logging.getLogger(__name__)
 _LABEL = "sglang server"
@@ -90,17 +90,11 @@ class SGLangWeightChannel(FlatBucketChannel):
         if not self.is_sender:
             return
         spec = self.spec
-        bodies = [
-            to_json(WeightGroupBody(
-                master_address=spec.master_addr, master_port=spec.master_port, rank_offset=spec.first_rank(i),
-                world_size=spec.world_size, group_name=spec.group_name, backend=spec.backend,
-            ))
-            for i in range(len(spec.servers))
-        ]  # fmt: skip
         # a group of this name left by a trainer that died (SGLang refuses a second one)
         self._post_each_quietly("/destroy_weights_update_group", self._group_name_body(), _DESTROY_TIMEOUT_S)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-join")
-        servers = pool.submit(self._post, "/init_weights_update_group", bodies)  # each blocks until all joined
+        # each server's call returns once every member (this rank too) has joined
+        servers = pool.submit(self._post, "/init_weights_update_group", weight_group_bodies(spec))
         try:
             self.group = join_group(
                 backend=spec.backend, master_addr=spec.master_addr, master_port=spec.master_port,

@@ -16,7 +16,7 @@ A body holds only the fields this client sets; SGLang fills the others with its 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -24,6 +24,9 @@ from areal_core.engine import SamplingParams
 from areal_core.engine_http import Segment
 from areal_core.errors import ArealError
 from areal_core.hf_engine.protocol import to_json
+
+if TYPE_CHECKING:
+    from areal_core.weight_channel import ChannelSpec
 
 __all__ = ["to_json"]
 
@@ -71,6 +74,18 @@ class WeightGroupBody:
     world_size: int
     group_name: str
     backend: str
+
+
+def weight_group_bodies(spec: ChannelSpec) -> list[dict[str, Any]]:
+    """One ``/init_weights_update_group`` body per server of ``spec``: server ``i``'s tp workers
+    join from rank ``1 + i * tp``."""
+    return [
+        to_json(WeightGroupBody(
+            master_address=spec.master_addr, master_port=spec.master_port, rank_offset=spec.first_rank(i),
+            world_size=spec.world_size, group_name=spec.group_name, backend=spec.backend,
+        ))
+        for i in range(len(spec.servers))
+    ]  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     group = join("127.0.0.1", int(port), int(rank), int(world_size), group_name, "gloo")
     for names, dtypes, shapes in json.loads(buckets):
         tensors = receive_flattened_bucket(group, names, dtypes, shapes)
-        digests = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest() for n, t in tensors}
-        print(json.dumps(digests), flush=True)
+        raw = {name: t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for name, t in tensors}
+        print(json.dumps({name: hashlib.sha256(b).hexdigest() for name, b in raw.items()}), flush=True)
     torch.distributed.destroy_process_group(group)
 
 

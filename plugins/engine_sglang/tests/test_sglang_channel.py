@@ -35,11 +35,13 @@ def test_trainer_join_meets_sglangs_init_custom_process_group_and_broadcasts_fla
     torch.manual_seed(0)
     buckets = [
         # byte offsets 0, 120, 128: each a multiple of its dtype's size, as SGLang requires
-        {"embed.weight": torch.randn(6, 5), "step": torch.tensor([3]), "norm.weight": torch.randn(5).to(torch.bfloat16)},
-        {"head.weight": torch.randn(3, 4).to(torch.bfloat16)},
+        {"embed.weight": torch.randn(6, 5), "step": torch.tensor([3]), "norm.weight": torch.randn(5).bfloat16()},
+        {"head.weight": torch.randn(3, 4).bfloat16()},
     ]
-    described = [[list(b), [str(t.dtype).removeprefix("torch.") for t in b.values()], [list(t.shape) for t in b.values()]]
-                 for b in buckets]  # fmt: skip
+    described = [
+        [list(b), [str(t.dtype).removeprefix("torch.") for t in b.values()], [list(t.shape) for t in b.values()]]
+        for b in buckets
+    ]
     port, world_size, group_name = free_port(), 3, "areal_weights_1"
     receivers = [
         subprocess.Popen(
