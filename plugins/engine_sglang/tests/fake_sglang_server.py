@@ -177,6 +177,7 @@ class FakeSGLangServer:
         self.writing = False  # SGLang's model_update_lock writer: new requests wait, running ones finish
         self.inflight = 0
         self._cond = asyncio.Condition()
+        self._scheduler = asyncio.Lock()  # SGLang's scheduler process runs weight requests one at a time
 
     def add_to(self, app: web.Application) -> None:
         for path in ("/health", "/health_generate", "/ready"):
@@ -189,13 +190,25 @@ class FakeSGLangServer:
         app.router.add_post("/continue_generation", self.continue_generation)
         app.router.add_route("GET", "/flush_cache", self.flush_cache)
         app.router.add_route("POST", "/flush_cache", self.flush_cache)
-        app.router.add_post("/update_weights_from_disk", self.update_weights_from_disk)
-        app.router.add_post("/init_weights_update_group", self.init_weights_update_group)
-        app.router.add_post("/destroy_weights_update_group", self.destroy_weights_update_group)
-        app.router.add_post("/begin_weight_update", self.begin_weight_update)
-        app.router.add_post("/end_weight_update", self.end_weight_update)
-        app.router.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        for path, handler in (
+            ("/update_weights_from_disk", self.update_weights_from_disk),
+            ("/init_weights_update_group", self.init_weights_update_group),
+            ("/destroy_weights_update_group", self.destroy_weights_update_group),
+            ("/begin_weight_update", self.begin_weight_update),
+            ("/end_weight_update", self.end_weight_update),
+            ("/update_weights_from_distributed", self.update_weights_from_distributed),
+        ):
+            app.router.add_post(path, self._on_scheduler(handler))
         app.router.add_post("/update_weight_version", self.update_weight_version)
+
+    def _on_scheduler(self, handler: Handler) -> Handler:
+        """``handler`` queued behind any weight request the scheduler is running (e.g. one blocked in a broadcast)."""
+
+        async def run(request: web.Request) -> web.StreamResponse:
+            async with self._scheduler:
+                return await handler(request)
+
+        return run
 
     @property
     def weight_version(self) -> str:
