@@ -208,6 +208,7 @@ class FlatBucketChannel(WeightChannel):
                 if pending is not None:
                     pending.wait()
             except BaseException as exc:
+                pending = None  # gloo: peers fail once nothing references the group
                 self.leave()  # the servers fail now instead of waiting for the rest
                 for _ in tensors:  # finish the gathers with the other ranks
                     pass
