@@ -26,6 +26,7 @@ reference to the group is gone; SGLang's servers join without a timeout, so torc
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -142,6 +143,8 @@ class SGLangWeightChannel(FlatBucketChannel):
         if group is None:
             return
         leave_group(group)
+        del group
+        gc.collect()  # on gloo the peers' sockets close (and a server blocked in a broadcast fails) once it is freed
         self._post_each_quietly("/destroy_weights_update_group", self._group_name_body(), _DESTROY_TIMEOUT_S)
 
     def _group_name_body(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The sglang engine's own checks: launch command, the missing-sglang error, config validation, and
 the parts of SGLang's protocol the engine matrix (tests/test_engine_matrix.py) does not reach:
-bearer auth, refused requests, the begin/end weight-update session, recovery after a failed update.
+bearer auth, refused requests, the begin/end weight-update session, recovery after a failed update and
+after a trainer that fails mid-send.
 
 The server is FakeSGLangServer (a fake of SGLang 0.5.23's native API over transformers, see
 fake_sglang_server.py), started once per module; SGLang itself needs a CUDA machine.
@@ -193,9 +194,9 @@ class _Tensors:
 
 
 def _channel(engine: SGLangEngine, group_name: str) -> WeightChannel:
-    """The engine's channel, joined by this process as trainer rank 0 (64 KiB buckets)."""
+    """The engine's channel, joined by this process as trainer rank 0 (64 KiB buckets, 120 s deadline)."""
     spec = engine.weight_channel("127.0.0.1", free_port(), group_name)
-    channel = open_channel(attrs.evolve(spec, bucket_bytes=1 << 16), rank=0, device=torch.device("cpu"))
+    channel = open_channel(attrs.evolve(spec, bucket_bytes=1 << 16, timeout_s=120), rank=0, device=torch.device("cpu"))
     channel.join()
     return channel
 
@@ -223,3 +224,42 @@ def test_a_failed_collective_update_is_recovered_by_the_next_one(served: Served)
         engine.load_weights_from_disk(str(served.base_dir), 0)
     with pytest.raises(ArealError, match="no weight-update session is open"):  # the commit ended it
         engine.commit_weights(7)
+
+
+class _Failing(_Tensors):
+    """Raises after its first ``n`` tensors: the trainer fails mid-send."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor]], n: int) -> None:
+        super().__init__(named)
+        self.n = n
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for i, item in enumerate(super().__iter__()):
+            if i == self.n:
+                time.sleep(3)  # a slow gather: the servers are already waiting in this bucket's broadcast
+                raise RuntimeError("the trainer failed mid-send")
+            yield item
+
+
+@pytest.mark.slow
+def test_a_trainer_failure_mid_send_releases_the_servers(served: Served) -> None:
+    engine = served.engine
+    channel = _channel(engine, "failing")
+    params = list(perturbed_model(served.base_dir, seed=5, scale=0.2).named_parameters())
+    # the trainer's error, or the server's, whose broadcast failed when the trainer left (not at a timeout)
+    failed = "the trainer failed mid-send|Connection closed by peer|Group failing not in"
+    with pytest.raises((RuntimeError, ArealError), match=failed):
+        channel.send(_Failing(params, len(params) // 2), 8)
+    assert channel.group is None
+    (address,) = engine.addresses
+    assert post(address, "/destroy_weights_update_group", {"group_name": "failing"}, engine.token)[0] == 400  # gone
+    new_model = perturbed_model(served.base_dir, seed=6, scale=0.2)
+    second = _channel(engine, "after_failure")
+    try:
+        second.send(_Tensors(list(new_model.named_parameters())), 9)
+        engine.commit_weights(9)
+        (resp,) = generate_all(engine, [greedy_request(PROMPT, 16)])
+        assert resp.versions == [9] * 16 and resp.output_ids == hf_greedy(new_model, PROMPT, 16)
+    finally:
+        second.leave()
+        engine.load_weights_from_disk(str(served.base_dir), 0)
