@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import GenerationRequest
-from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json
+from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
