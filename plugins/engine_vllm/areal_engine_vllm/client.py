@@ -26,14 +26,13 @@ from areal_engine_vllm.protocol import (
     DiskUpdateBody,
     ServerState,
     VersionBody,
-    WeightGroupBody,
-    bucket_body,
     from_json,
     to_json,
+    transfer_backend,
 )
 
 if TYPE_CHECKING:
-    from areal_core.weights import WeightUpdateMeta
+    from areal_core.weight_channel import ChannelSpec
 
 _LABEL = "vllm server"
 _SEED_STRIDE = 1_000_003  # a resumed segment samples with seed * stride + tokens so far
@@ -48,11 +47,16 @@ class VLLMEngine(HTTPServerEngine):
     pause_route = "/areal/pause"
     resume_route = "/areal/resume"
 
+    @property
+    def transfer_backend(self) -> str:
+        """vLLM's weight-transfer backend for this platform: ``areal_gloo`` (ours, CPU), ``nccl``, ``hccl``."""
+        return transfer_backend(self.platform.device_type)
+
     # ---------------------------------------------------------------- servers
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
         return ProcessSpec(
             name=f"vllm_server{index}",
-            cmd=[sys.executable, *server_command(self.config, port, seed=self.config.seed + index)],
+            cmd=[sys.executable, *server_command(self.config, port, self.config.seed + index, self.transfer_backend)],
             env=server_env(self.platform, self.token, run_dir),
             threads=self.config.rollout.threads_per_server,
             log_file=str(run_dir / "logs" / f"vllm_server{index}.log"),
@@ -94,32 +98,27 @@ class VLLMEngine(HTTPServerEngine):
     def set_version(self, version: int) -> None:
         self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
 
-    def init_weight_group(self, meta: WeightUpdateMeta) -> None:
-        """Server ``i`` joins as rank ``1 + i`` over ``meta.backend``; blocks until the trainer (rank 0) joins too."""
-        if meta.world_size != 1 + len(self.addresses):
-            raise ValueError(f"world_size {meta.world_size} must be 1 (trainer) + {len(self.addresses)} vllm servers")
-        bodies = [
-            to_json(
-                WeightGroupBody(
-                    master_addr=meta.master_addr,
-                    master_port=meta.master_port,
-                    rank=1 + i,
-                    world_size=meta.world_size,
-                    group_name=meta.group_name,
-                    backend=meta.backend,
-                    timeout_s=self.config.rollout.request_timeout,
-                )
-            )
-            for i in range(len(self.addresses))
-        ]
-        self._fan_out("/areal/init_weight_group", bodies)
+    def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
+        """The servers' weight channel: vLLM's trainer engine for :attr:`transfer_backend`, driven
+        from the training process by :class:`~areal_engine_vllm.channel.VLLMWeightChannel`."""
+        from areal_core.weight_channel import ChannelSpec
 
-    def receive_weights(self, meta: WeightUpdateMeta) -> None:
-        """Blocks until rank 0 broadcasts the bucket; it stays staged until ``commit_weights``."""
-        self._broadcast("/areal/receive_weights", to_json(bucket_body(meta)))
+        return ChannelSpec(
+            channel="areal_engine_vllm.channel:VLLMWeightChannel",
+            servers=tuple(self.members()),
+            ranks_per_server=self.config.rollout.devices_per_server,
+            token=self.token,
+            backend=self.transfer_backend,
+            master_addr=master_addr,
+            master_port=master_port,
+            group_name=group_name,
+            bucket_bytes=self.config.actor.weight_chunked_mem_mb * 2**20,
+            timeout_s=self.config.rollout.request_timeout,
+        )
 
     def commit_weights(self, version: int) -> None:
-        self._broadcast("/areal/commit_weights", to_json(VersionBody(version=version)))
+        """Serve the weights ``send`` finished loading as ``version`` (vLLM loads them at finish)."""
+        self.set_version(version)
 
 
 def _completion_body(prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:

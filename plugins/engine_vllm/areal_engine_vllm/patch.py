@@ -1,6 +1,8 @@
 """The ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each of its processes.
 
-It registers the ``areal_collective`` weight-transfer backend with vLLM's factory. The routes live in
+It registers our CPU weight-transfer backend ``areal_gloo`` in vLLM's two factories (the server's
+worker uses the worker half; on CUDA/Ascend the servers use vLLM's ``nccl``/vllm-ascend's ``hccl``
+and this registration is unused). The routes live in
 :mod:`areal_engine_vllm.routes` (an endpoint plugin) and the disk reload in
 :mod:`areal_engine_vllm.worker_ext` (a worker extension); nothing in vLLM's files is edited.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from areal_engine_vllm.protocol import TOKEN_ENV, TRANSFER_BACKEND
+from areal_engine_vllm.protocol import TOKEN_ENV
 
 log = logging.getLogger(f"vllm.{__name__}")  # under "vllm", whose handlers write the server log
 _registered = False
@@ -21,13 +23,8 @@ def register() -> None:
     global _registered
     if _registered or not os.environ.get(TOKEN_ENV):
         return
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from areal_engine_vllm.gloo_common import BACKEND, register_backend
 
-    try:
-        WeightTransferEngineFactory.register_engine(
-            TRANSFER_BACKEND, "areal_engine_vllm.collective_transfer", "CollectiveWeightTransferEngine"
-        )
-    except ValueError:  # registered already (e.g. by an earlier import in this process)
-        pass
+    register_backend()
     _registered = True
-    log.info("areal: registered weight-transfer backend %r", TRANSFER_BACKEND)
+    log.info("areal: registered weight-transfer backend %r", BACKEND)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import attrs
 
-from areal_core.hf_engine.protocol import ReceiveWeightsBody, VersionBody, bucket_body, from_json, to_json
+from areal_core.hf_engine.protocol import VersionBody, from_json, to_json
 
-# shared with the hf server: JSON helpers and the bucket/version bodies (same wire format)
-__all__ = ["ReceiveWeightsBody", "VersionBody", "bucket_body", "from_json", "to_json"]
+# shared with the hf server: JSON helpers and the version body (same wire format)
+__all__ = ["VersionBody", "from_json", "to_json"]
 
 #: The bearer token of the /areal/* routes (and ``--api-key``). Its presence turns the patch on:
 #: vLLM processes started without it are left untouched.
@@ -19,14 +19,35 @@ TOKEN_ENV = "AREAL_VLLM_TOKEN"
 ALLOWED_ROOT_ENV = "AREAL_VLLM_ALLOWED_ROOT"
 #: Name of the entry points in ``vllm.general_plugins``/``vllm.endpoint_plugins`` (for ``VLLM_PLUGINS``).
 VLLM_PLUGIN_NAME = "areal"
-#: The weight-transfer backend the patch registers with vLLM's ``WeightTransferEngineFactory``.
-TRANSFER_BACKEND = "areal_collective"
 #: ``--worker-extension-cls`` that adds the disk reload (with the tied-embedding refresh) to workers.
 WORKER_EXTENSION = "areal_engine_vllm.worker_ext.ArealWorkerExtension"
 #: Response header of ``/v1/completions``: the weight version when the request arrived.
 VERSION_HEADER = "X-Areal-Weight-Version"
 #: The model name the servers answer to (``--served-model-name``).
 SERVED_NAME = "areal"
+#: The weight-transfer backend per platform ``device_type``: ours on CPU (``areal_gloo``, registered
+#: by this plugin), vLLM's own on CUDA, vllm-ascend's on Ascend.
+TRANSFER_BACKENDS = {"cpu": "areal_gloo", "cuda": "nccl", "npu": "hccl"}
+#: The weight-transfer routes: vLLM's own RL routes (``vllm/entrypoints/rl/online/api_router.py``,
+#: same bodies) under ``/areal/`` with the bearer token. vLLM serves its own only with
+#: ``VLLM_SERVER_DEV_MODE=1``, without auth and next to ``/collective_rpc``.
+TRANSFER_ROUTES = (
+    "init_weight_transfer_engine",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+    "shutdown_weight_transfer_engine",
+)
+
+
+def transfer_backend(device_type: str) -> str:
+    """The vLLM weight-transfer backend for a platform's ``device_type``."""
+    try:
+        return TRANSFER_BACKENDS[device_type]
+    except KeyError:
+        known = ", ".join(f"{k} -> {v}" for k, v in TRANSFER_BACKENDS.items())
+        raise ValueError(f"no vLLM weight-transfer backend for device type {device_type!r} (known: {known})") from None
+
 
 @attrs.frozen(kw_only=True)
 class DiskUpdateBody:
@@ -34,20 +55,6 @@ class DiskUpdateBody:
 
     path: str
     version: int
-
-
-@attrs.frozen(kw_only=True)
-class WeightGroupBody:
-    """``POST /areal/init_weight_group``: join the trainer's weight group as ``rank`` (rank 0 sends)
-    over ``backend`` (the trainer platform's: gloo, nccl, hccl)."""
-
-    master_addr: str
-    master_port: int
-    rank: int
-    world_size: int
-    group_name: str
-    backend: str = "gloo"
-    timeout_s: float = 300.0
 
 
 @attrs.frozen(kw_only=True)

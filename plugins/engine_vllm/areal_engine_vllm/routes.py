@@ -1,28 +1,32 @@
 """The ``vllm.endpoint_plugins`` entry point: bearer-token ``/areal/*`` routes on vLLM's API server.
 
-Each route is a thin call into vLLM's own engine client (pause/resume, ``collective_rpc``, the
-weight-transfer API, the weight version). vLLM loads it only when ``VLLM_PLUGINS`` names
-``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
+Each route is a thin call into vLLM's own engine client. vLLM loads it only when ``VLLM_PLUGINS``
+names ``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
 
 | route | vLLM call |
 | --- | --- |
 | POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
 | POST /areal/resume | ``resume_generation()`` |
 | POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
-| POST /areal/init_weight_group | ``init_weight_transfer_engine`` (backend ``areal_collective``) |
-| POST /areal/receive_weights | ``start_weight_update`` (once per version), ``update_weights``: staged only |
-| POST /areal/commit_weights | ``finish_weight_update(version)``: every staged bucket goes in at once |
+| POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``) |
+| POST /areal/start_weight_update | ``start_weight_update()`` |
+| POST /areal/update_weights | ``update_weights`` (body ``{"update_info": ...}``) |
+| POST /areal/finish_weight_update | ``finish_weight_update(weight_version)``, then the prefix cache is reset |
+| POST /areal/shutdown_weight_transfer_engine | ``shutdown_weight_transfer_engine()`` |
 | POST /areal/set_version | ``update_weight_version`` |
 | GET /areal/state | the served version and whether generation is paused |
 
-``/v1/completions`` replies carry ``X-Areal-Weight-Version``: the version when the request
-arrived. Weights change only while paused (which aborts every running request), so that is the
-version of every token in the reply.
+The five weight-transfer routes are vLLM's own RL routes (same names and bodies) behind the
+token: vLLM serves those only with ``VLLM_SERVER_DEV_MODE=1``, unauthenticated and next to
+``/collective_rpc``. ``/v1/completions`` replies carry ``X-Areal-Weight-Version``: the version when
+the request arrived. Weights change only while paused (which aborts every running request), so
+that is the version of every token in the reply.
 """
 
 from __future__ import annotations
 
 import hmac
+import importlib
 import logging
 import os
 from argparse import Namespace
@@ -40,24 +44,22 @@ from areal_engine_vllm.protocol import (
     VERSION_HEADER,
     VLLM_PLUGIN_NAME,
     DiskUpdateBody,
-    ReceiveWeightsBody,
     ServerState,
     VersionBody,
-    WeightGroupBody,
     from_json,
     to_json,
 )
+from areal_engine_vllm.vllm_internals import internal
 
 log = logging.getLogger(f"vllm.{__name__}")  # under "vllm", whose handlers write the server log
 
 
 class _Weights:
-    """The served version and the open weight-update session, on the API server."""
+    """The engine client and the served version (cached for the reply header), on the API server."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.version = 0
-        self.session_version: int | None = None  # a start_weight_update is open for this version
 
     async def set_version(self, version: int) -> None:
         await self.engine.update_weight_version(str(version))
@@ -86,9 +88,11 @@ class ArealRoutes:
             "/areal/pause": self.pause,
             "/areal/resume": self.resume,
             "/areal/update_weights_from_disk": self.update_from_disk,
-            "/areal/init_weight_group": self.init_weight_group,
-            "/areal/receive_weights": self.receive_weights,
-            "/areal/commit_weights": self.commit_weights,
+            "/areal/init_weight_transfer_engine": self.init_weight_transfer_engine,
+            "/areal/start_weight_update": self.start_weight_update,
+            "/areal/update_weights": self.update_weights,
+            "/areal/finish_weight_update": self.finish_weight_update,
+            "/areal/shutdown_weight_transfer_engine": self.shutdown_weight_transfer_engine,
             "/areal/set_version": self.set_version,
         }
         for path, handler in routes.items():
@@ -149,37 +153,39 @@ class ArealRoutes:
         log.info("areal: loaded %s as version %d", directory, body.version)
         return {"version": body.version}
 
-    async def init_weight_group(self, request: Request) -> dict[str, Any]:
+    async def init_weight_transfer_engine(self, request: Request) -> dict[str, Any]:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        body = from_json(WeightGroupBody, await _json(request))
-        await self._weights().engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=to_json(body)))
-        return {"rank": body.rank}
+        init_info = _field(await _json(request), "init_info", dict)
+        await self._weights().engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        return {"message": "Weight transfer initialized"}
 
-    async def receive_weights(self, request: Request) -> dict[str, Any]:
+    async def start_weight_update(self, request: Request) -> dict[str, Any]:
+        await self._weights().engine.start_weight_update()
+        return {"message": "Weight update started"}
+
+    async def update_weights(self, request: Request) -> dict[str, Any]:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        body = from_json(ReceiveWeightsBody, await _json(request))
-        weights = self._weights()
-        if weights.session_version is None:
-            await weights.engine.start_weight_update()
-        weights.session_version = body.version
-        await weights.engine.update_weights(WeightTransferUpdateRequest(update_info=to_json(body)))
-        return {"received": len(body.names)}
+        update_info = _field(await _json(request), "update_info", (dict, list))
+        await self._weights().engine.update_weights(request=WeightTransferUpdateRequest(update_info=update_info))
+        return {"message": "Weights updated"}
 
-    async def commit_weights(self, request: Request) -> dict[str, Any]:
-        body = from_json(VersionBody, await _json(request))
+    async def finish_weight_update(self, request: Request) -> dict[str, Any]:
+        body = await _json(request, empty={})
+        raw = body.get("weight_version") if isinstance(body, dict) else None
+        version = None if raw is None else int(raw)  # our versions are integers
         weights = self._weights()
-        if weights.session_version is None:
-            raise ValueError(f"nothing staged to commit as version {body.version}; send /areal/receive_weights first")
-        if weights.session_version != body.version:
-            raise ValueError(f"staged buckets are for version {weights.session_version}, not {body.version}")
-        weights.session_version = None
-        await weights.engine.finish_weight_update()
-        await weights.reset_caches()
-        await weights.set_version(body.version)
-        log.info("areal: committed version %d", body.version)
-        return {"version": body.version}
+        await weights.engine.finish_weight_update(None if version is None else str(version))
+        await weights.reset_caches()  # nothing cached may outlive the weights it was computed with
+        if version is not None:
+            weights.version = version
+        log.info("areal: weight update finished%s", "" if version is None else f" as version {version}")
+        return {"message": "Weight update finished"}
+
+    async def shutdown_weight_transfer_engine(self, request: Request) -> dict[str, Any]:
+        await self._weights().engine.shutdown_weight_transfer_engine()
+        return {"message": "Weight transfer shut down"}
 
     async def set_version(self, request: Request) -> dict[str, Any]:
         body = from_json(VersionBody, await _json(request))
@@ -191,11 +197,22 @@ class ArealRoutes:
         return self.weights
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request, empty: Any = None) -> Any:
+    """The request's JSON body; ``empty`` (when given) stands for no body at all."""
+    if empty is not None and not await request.body():
+        return empty
     try:
         return await request.json()
     except ValueError:
         raise ValueError(f"{request.url.path} expects a JSON body") from None
+
+
+def _field(body: Any, key: str, kind: type | tuple[type, ...]) -> Any:
+    """``body[key]``, checked to be a ``kind`` (vLLM's RL routes embed their argument under ``key``)."""
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, kind):
+        raise ValueError(f'expects a JSON body {{"{key}": ...}} (got {str(body)[:200]})')
+    return value
 
 
 def _check_load_path(path: str) -> Path:
@@ -215,14 +232,12 @@ def _tolerate_structured_decisions_failure() -> None:
     """Let vLLM start when its optional /v1/systemone probe cannot tokenize (tiny character vocabularies).
 
     That probe encodes a chat message with letters a small vocabulary lacks; its failure would stop
-    the server, although token-id generation never uses it. Idempotent.
+    the server, although token-id generation never uses it. Idempotent; fails with one line when
+    vLLM no longer has the function (see :mod:`areal_engine_vllm.vllm_internals`).
     """
-    try:
-        from vllm.entrypoints.generate.structured_decisions import api_router
-    except ImportError:  # a vLLM without that endpoint
-        return
-    original = getattr(api_router, "init_structured_decisions_state", None)
-    if original is None or getattr(original, "_areal_tolerant", False):
+    module = "vllm.entrypoints.generate.structured_decisions.api_router"
+    original = internal(module, "init_structured_decisions_state")
+    if getattr(original, "_areal_tolerant", False):
         return
 
     def tolerant(engine_client: Any, state: State, *args: Any, **kwargs: Any) -> None:
@@ -233,4 +248,5 @@ def _tolerate_structured_decisions_failure() -> None:
             state.serving_structured_decisions = None
 
     tolerant._areal_tolerant = True  # type: ignore[attr-defined]
-    api_router.init_structured_decisions_state = tolerant  # looked up when the app state is built
+    # vLLM imports it by name when it builds the app state, which is after this runs
+    importlib.import_module(module).init_structured_decisions_state = tolerant

@@ -12,24 +12,28 @@ from typing import Any
 
 import torch
 
+from areal_engine_vllm.vllm_internals import VLLMInternalMissing, internal
+
 
 def refresh_tied_lm_head(model: Any) -> None:
     """Re-derive the output layer's kernel weights from the (tied, just reloaded) embedding."""
     from vllm.platforms import current_platform
 
     config = getattr(model, "config", None)
-    lm_head = getattr(model, "lm_head", None)
-    if not current_platform.is_cpu() or lm_head is None or not getattr(config, "tie_word_embeddings", False):
+    if not current_platform.is_cpu() or not getattr(config, "tie_word_embeddings", False):
         return
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(lm_head)
+    process = getattr(getattr(getattr(model, "lm_head", None), "quant_method", None), "process_weights_after_loading", None)
+    if process is None:
+        raise VLLMInternalMissing(
+            f"areal-engine-vllm: {type(model).__name__}.lm_head.quant_method.process_weights_after_loading is missing, "
+            "so the tied output layer would keep its old weights after a reload; install vllm 0.32.*"
+        )
+    process(model.lm_head)
 
 
 def reload_in_place(vllm_config: Any, model: Any, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load checkpoint-format ``(name, tensor)`` pairs into ``model`` through vLLM's layerwise reload."""
-    from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
+    reload_weights = internal("vllm.model_executor.model_loader.reload.inplace", "reload_weights")
     reload_weights(vllm_config, model, weights_iterator=tensors, weights_path=None, is_checkpoint_format=True)
     refresh_tied_lm_head(model)
 
