@@ -2,14 +2,15 @@
 
 Contenders, interleaved so machine load drifts hit all alike (median of ``--reps``):
   xccl       our ``xccl`` update end to end: pause, gather + bucketed gloo broadcast from the
-             training worker to one hf server, commit, resume (one row per bucket size, each
-             after one untimed warm-up update);
+             training worker to one server of ``--engine`` (hf, or vllm: vLLM's weight-transfer
+             engines with our ``areal_gloo`` backend), commit, resume (one row per bucket size,
+             each after one untimed warm-up update);
   broadcast  a raw ``dist.broadcast`` of the same tensors, one per tensor, between this process
              and a bare receiver process (no framework);
   disk       our ``disk`` update end to end: pause, save_hf + fsync + rename, server load, resume;
   safetensors a raw ``save_file`` + ``load_file`` of the same tensors in this process.
 
-    python bench/weight_sync.py [--reps 3] [--buckets 32,128,512]
+    python bench/weight_sync.py [--reps 3] [--buckets 32,128,512] [--engine hf|vllm]
 """
 
 from __future__ import annotations
@@ -77,10 +78,17 @@ def _timed(fn: Callable[[], None], times: list[float]) -> None:
     times.append(time.perf_counter() - start)
 
 
-def bench_size(label: str, spec: TinyModelSpec, root: Path, reps: int, bucket_mbs: list[int]) -> list[tuple]:
+def _served_version(engine) -> int:
+    """The first server's weight version (hf: ``/health``; vllm: ``/areal/state``)."""
+    states = engine.server_states() if hasattr(engine, "server_states") else engine.server_health()
+    return states[0].version
+
+
+def bench_size(
+    label: str, spec: TinyModelSpec, root: Path, reps: int, bucket_mbs: list[int], engine_name: str
+) -> list[tuple]:
     from safetensors.torch import load_file, save_file
 
-    from areal_core.hf_engine.client import HFEngine
     from areal_core.scheduler.base import free_port
     from areal_core.train.controller import TrainController
 
@@ -89,11 +97,12 @@ def bench_size(label: str, spec: TinyModelSpec, root: Path, reps: int, bucket_mb
     tensors = list(load_file(weights).values())
     mb = sum(t.numel() * t.element_size() for t in tensors) / 2**20
     config = load_config(None, [f"fileroot={root / label}", f"model.path={model}", "rollout.servers=1",
-                                "rollout.request_timeout=300", "total_train_steps=1"])  # fmt: skip
+                                "rollout.request_timeout=300", "total_train_steps=1", f"rollout.engine={engine_name}",
+                                "rollout.server_startup_timeout=900"])  # fmt: skip
     plugins = load_plugins()
     times: dict[str, list[float]] = {}
     with LocalScheduler(CpuPlatform()) as scheduler:
-        engine = HFEngine(config, CpuPlatform())
+        engine = plugins.get("engine", engine_name)(config, CpuPlatform())
         engine.launch_servers(scheduler)
         with TrainController(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
             disk = plugins.get("weight_updater", "disk")(config, CpuPlatform())
@@ -139,7 +148,7 @@ def bench_size(label: str, spec: TinyModelSpec, root: Path, reps: int, bucket_mb
                 _timed(our_update(disk), times.setdefault("disk", []))
                 _timed(raw_safetensors, times.setdefault("raw safetensors save+load", []))
             receiver.stop()
-            assert engine.server_health()[0].version == version
+            assert _served_version(engine) == version
     return [(label, name, mb, statistics.median(t)) for name, t in times.items()]
 
 
@@ -148,6 +157,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--buckets", default="32,128,512", help="xccl bucket sizes (MB) to compare")
     parser.add_argument("--sizes", default="50MB,500MB")
+    parser.add_argument("--engine", default="hf", help="the inference engine of the xccl and disk rows: hf or vllm")
     parser.add_argument("--raw-receiver", nargs=3, metavar=("PORT", "WEIGHTS", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_receiver:
@@ -158,7 +168,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="weight_sync_") as tmp:
         for label in args.sizes.split(","):
-            rows += bench_size(label, SIZES[label], Path(tmp), args.reps, [int(b) for b in args.buckets.split(",")])
+            buckets = [int(b) for b in args.buckets.split(",")]
+            rows += bench_size(label, SIZES[label], Path(tmp), args.reps, buckets, args.engine)
     print(f"\n{'size':6} {'contender':28} {'MB':>7} {'s':>7} {'MB/s':>8}  ratio")
     for label, name, mb, seconds in rows:
         base = "raw dist.broadcast" if name.startswith("xccl") else "raw safetensors save+load" if name == "disk" else None

@@ -99,21 +99,10 @@ class VLLMEngine(HTTPServerEngine):
         self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
 
     def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
-        """The servers' weight channel: vLLM's trainer engine for :attr:`transfer_backend`, driven
-        from the training process by :class:`~areal_engine_vllm.channel.VLLMWeightChannel`."""
-        from areal_core.weight_channel import ChannelSpec
-
-        return ChannelSpec(
-            channel="areal_engine_vllm.channel:VLLMWeightChannel",
-            servers=tuple(self.members()),
-            ranks_per_server=self.config.rollout.devices_per_server,
-            token=self.token,
-            backend=self.transfer_backend,
-            master_addr=master_addr,
-            master_port=master_port,
-            group_name=group_name,
-            bucket_bytes=self.config.actor.weight_chunked_mem_mb * 2**20,
-            timeout_s=self.config.rollout.request_timeout,
+        """vLLM's trainer engine for :attr:`transfer_backend`, driven from every training rank by
+        :class:`~areal_engine_vllm.channel.VLLMWeightChannel`."""
+        return self._channel_spec(
+            "areal_engine_vllm.channel:VLLMWeightChannel", self.transfer_backend, master_addr, master_port, group_name
         )
 
     def commit_weights(self, version: int) -> None:

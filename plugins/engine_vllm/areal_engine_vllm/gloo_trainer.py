@@ -3,18 +3,17 @@
 Built by vLLM's ``WeightTransferTrainerFactory.trainer_init`` like vLLM's own nccl trainer engine:
 rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncClient`` it is given
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
-collective: FSDP gathers), only rank 0 sends. Each bucket is packed into one of two alternating
-buffers while the previous one is on the wire.
+collective: FSDP gathers), only rank 0 sends. Bucket ``k + 1`` is packed while bucket ``k`` is on the
+wire. A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+group's timeout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
 
-import torch
 from vllm.distributed.weight_transfer.base import (
     ParamMeta,
     TrainerWeightTransferEngine,
@@ -22,6 +21,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
+from areal_core.weight_channel import flatten_bucket, plan_buckets
 from areal_engine_vllm.gloo_common import (
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
@@ -39,7 +39,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.info = info
         self._group: Any = None
         self._meta: Any = None  # vLLM's StatelessProcessGroup: hosts the store the group uses
-        self._buffers: list[torch.Tensor] = []
 
     @classmethod
     def trainer_init(
@@ -61,11 +60,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         # the workers block in init_weight_transfer_engine until rank 0 joins: both at once
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="areal-gloo-init") as pool:
             joined = pool.submit(client.init_weight_transfer_engine, dataclasses.asdict(worker_info))
-            try:
-                engine._group, engine._meta = join_group(init_info, 0)
-            except BaseException:
-                joined.cancel()
-                raise
+            engine._group, engine._meta = join_group(init_info, 0)
             joined.result()
         return engine
 
@@ -76,28 +71,37 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             for _ in self.source:  # stay in the trainer ranks' gathers
                 pass
             return
-        buckets = _plan(meta, self.info.bucket_bytes)
+        if self._group is None:
+            raise RuntimeError("areal_gloo: send_weights after shutdown; call trainer_init again")
+        specs = [(m.name, str(m.dtype).removeprefix("torch."), m.shape) for m in meta]
+        buckets = [len(b.names) for b in plan_buckets(specs, self.info.bucket_bytes)]
         update = GlooWeightTransferUpdateInfo(
-            names=[m.name for m in meta],
-            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
-            shapes=[list(m.shape) for m in meta],
+            names=[s[0] for s in specs], dtype_names=[s[1] for s in specs], shapes=[list(s[2]) for s in specs],
             bucket_sizes=buckets,
-        )
+        )  # fmt: skip
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="areal-gloo-update")
         try:  # the workers receive inside update_weights while rank 0 broadcasts
             received = pool.submit(self.client.update_weights, dataclasses.asdict(update))
-            self._broadcast(meta, buckets)
+            received.add_done_callback(self._abort_if_failed)
+            try:
+                self._broadcast(meta, buckets)
+            except BaseException as exc:
+                refused = received.exception() if received.done() else None
+                raise (refused or exc) from None  # a server's refusal says more than the abort it caused
             received.result()
         finally:  # never wait for a worker stuck in a broadcast that will not come
             pool.shutdown(wait=False)
         self.client.finish_weight_update()
 
+    def _abort_if_failed(self, received: Future) -> None:
+        if received.exception() is not None and self._group is not None:
+            abort(self._group)
+
     def _broadcast(self, meta: list[ParamMeta], buckets: list[int]) -> None:
-        assert self.source is not None and self._group is not None
-        pairs, start = iter(self.source), 0
-        pending: Any = None
-        for index, count in enumerate(buckets):
+        assert self.source is not None
+        pairs, start, pending = iter(self.source), 0, None
+        for count in buckets:
             tensors = []
             for expected in meta[start : start + count]:
                 name, tensor = next(pairs)
@@ -107,40 +111,18 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                         f"declared {expected.name!r} {expected.dtype} {expected.shape}"
                     )
                 tensors.append(tensor)
-            flat = self._pack(tensors, index % 2)
+            flat = flatten_bucket(tensors)
             if pending is not None:
-                pending.wait()
-            pending = self._group.broadcast(flat, 0)
+                pending[0].wait()
+            pending = (self._group.broadcast(flat, 0), flat)  # the buffer lives until sent
             start += count
         if pending is not None:
-            pending.wait()
+            pending[0].wait()
         extra = next(pairs, None)
         if extra is not None:
             raise ValueError(f"the weight source yielded {extra[0]!r} beyond the {len(meta)} tensors its specs declared")
-
-    def _pack(self, tensors: list[torch.Tensor], slot: int) -> torch.Tensor:
-        """The tensors' bytes back to back in send buffer ``slot`` (kept across updates)."""
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        while len(self._buffers) <= slot:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8))
-        if self._buffers[slot].numel() < nbytes:
-            self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8)
-        flat, offset = self._buffers[slot][:nbytes], 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            flat[offset : offset + n].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
-            offset += n
-        return flat
 
     def shutdown(self) -> None:
         if self._group is not None:
             abort(self._group)
         self._group = self._meta = None
-
-
-def _plan(meta: list[ParamMeta], bucket_bytes: int) -> list[int]:
-    """How many tensors each bucket holds: runs of at most ``bucket_bytes`` (a larger tensor alone)."""
-    from areal_reshard_xccl.updater import plan_buckets  # TODO(core): areal_core.weight_channel.plan_buckets
-
-    sizes = [math.prod(m.shape) * m.dtype.itemsize for m in meta]
-    return [len(run) for run in plan_buckets(sizes, bucket_bytes)]

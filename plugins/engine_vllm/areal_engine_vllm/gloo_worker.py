@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-from areal_core.hf_engine.bucket import bucket_nbytes, unflatten_bucket
+from areal_core.weight_channel import bucket_nbytes, unflatten_bucket
 from areal_engine_vllm.gloo_common import (
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,

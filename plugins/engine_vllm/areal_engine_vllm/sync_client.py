@@ -11,10 +11,9 @@ for every server. A call returns when every server answered; any failure raises 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from areal_core.engine_http import post_json
+from areal_core.weight_channel import post_all
 
 _LABEL = "vllm server"
 
@@ -26,7 +25,7 @@ class ServersSyncClient:
         self.servers = list(servers)
         self.ranks_per_server = ranks_per_server
         self.timeout_s = timeout_s
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._token = token
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         offset = int(init_info.get("rank_offset", 1))
@@ -52,10 +51,4 @@ class ServersSyncClient:
 
     def _post_each(self, route: str, bodies: list[dict[str, Any]], timeout_s: float | None = None) -> None:
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        with ThreadPoolExecutor(max_workers=max(1, len(self.servers)), thread_name_prefix="areal-vllm-sync") as pool:
-            futures = [
-                pool.submit(post_json, address, f"/areal/{route}", body, self._headers, timeout, _LABEL)
-                for address, body in zip(self.servers, bodies)
-            ]
-            for future in futures:
-                future.result()
+        post_all(self.servers, f"/areal/{route}", bodies, self._token, timeout, _LABEL)

@@ -8,13 +8,11 @@ that change a server's weights restore version 0 afterwards.
 
 from __future__ import annotations
 
-import datetime
 import json
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,8 @@ from areal_engine_vllm.launch import server_command  # noqa: E402
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
 from areal_core.errors import ArealError  # noqa: E402
-from areal_core.hf_engine.bucket import flatten_bucket  # noqa: E402
 from areal_core.platform import CpuPlatform  # noqa: E402
+from areal_core.scheduler.base import free_port  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     generate_all,
@@ -40,7 +38,7 @@ from areal_core.testing import (  # noqa: E402
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
-from areal_core.weights import WeightUpdateMeta  # noqa: E402
+from areal_core.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -50,17 +48,49 @@ PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9]]
 # --------------------------------------------------------------------------- helpers
 
 
-def in_thread(fn, *args: Any) -> Future:
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn, *args)
-    pool.shutdown(wait=False)
-    return future
+class ModelTensors:
+    """A ``TensorSource`` over a transformers model's parameters; every other one sent as bf16
+    (so buckets mix dtypes). ``fail_after`` tensors, iteration raises (a trainer failing mid-send)."""
+
+    def __init__(self, model: Any, fail_after: int | None = None) -> None:
+        self.model, self.fail_after = model, fail_after
+
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        params = self.model.named_parameters()  # tied: lm_head.weight is the embedding, listed once
+        return [(name, p.detach() if i % 2 else p.detach().to(torch.bfloat16)) for i, (name, p) in enumerate(params)]
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self._tensors()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for i, pair in enumerate(self._tensors()):
+            if i == self.fail_after:
+                raise RuntimeError("the trainer failed mid-send")
+            yield pair
+
+    def served_model(self) -> Any:
+        """The model as the servers will hold it: bf16-rounded where sent as bf16."""
+        with torch.no_grad():
+            for (_, param), (_, sent) in zip(self.model.named_parameters(), self._tensors()):
+                param.copy_(sent)
+        return self.model
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def open_vllm_channel(engine: VLLMEngine, tag: str) -> WeightChannel:
+    """The engine's channel, opened in this process as trainer rank 0, with 1 MB buckets."""
+    spec = attrs.evolve(engine.weight_channel("127.0.0.1", free_port(), f"test_{tag}"), bucket_bytes=1 << 20)
+    channel = open_channel(spec, rank=0, device=torch.device("cpu"))
+    channel.join()
+    return channel
+
+
+def send_and_commit(engine: VLLMEngine, channel: WeightChannel, source: ModelTensors, version: int) -> None:
+    engine.pause()
+    try:
+        channel.send(source, version)
+        engine.commit_weights(version)
+    finally:
+        engine.resume()
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -123,11 +153,11 @@ def test_engine_args_pass_any_vllm_flag_through(tmp_path: Path) -> None:
         model=ModelConfig(path=str(tmp_path)),
         rollout=RolloutConfig(engine_args={"max-num-seqs": 64, "max_model_len": 256, "enforce-eager": False}),
     )
-    cmd = server_command(config, port=1234, seed=5)
+    cmd = server_command(config, port=1234, seed=5, transfer_backend="areal_gloo")
     assert cmd[cmd.index("--max-num-seqs") + 1] == "64"
     assert cmd[cmd.index("--max-model-len") + 1] == "256"  # overrides the default
     assert "--enforce-eager" not in cmd  # false drops a flag
-    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "areal_collective"}
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "areal_gloo"}
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--seed") + 1] == "5"
 
 
@@ -151,43 +181,52 @@ def test_disk_update_then_greedy_equals_transformers_with_new_weights(served: Se
     assert [r.output_ids for r in responses] != [hf_greedy(served.model, p, 32) for p in PROMPTS]
 
 
-def test_gloo_broadcast_update_commits_atomically(served: Served) -> None:
-    import torch.distributed as dist
+def test_xccl_update_goes_through_both_vllm_factories(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    engine, port = served.engine, free_port()
-    meta = WeightUpdateMeta(version=7, master_port=port, world_size=2, group_name=f"test_{served.tied}_{port}")
-    timeout = datetime.timedelta(seconds=60)
-    joined = in_thread(engine.init_weight_group, meta)
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timeout)
-    group = dist.ProcessGroupGloo(dist.PrefixStore(meta.group_name, store), 0, 2, timeout)
-    joined.result(timeout=60)
+    from areal_engine_vllm.gloo_trainer import GlooTrainerWeightTransferEngine
 
-    new_model = perturbed_model(served.v0_dir, seed=2, scale=0.2, tied=served.tied)
-    params = list(new_model.named_parameters())  # tied: lm_head.weight is the embedding, sent once
-    half = len(params) // 2
-    for chunk in (params[:half], params[half:]):  # two buckets, the second one mixing in bf16
-        tensors = [p.detach() if i % 2 else p.detach().to(torch.bfloat16) for i, (_, p) in enumerate(chunk)]
-        bucket = attrs.evolve(
-            meta,
-            names=tuple(name for name, _ in chunk),
-            dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
-            shapes=tuple(tuple(t.shape) for t in tensors),
-        )
-        received = in_thread(engine.receive_weights, bucket)
-        group.broadcast(flatten_bucket(tensors), 0).wait()
-        received.result(timeout=60)
-        with torch.no_grad():  # what the server will hold: bf16-rounded where sent as bf16
-            for (_, param), tensor in zip(chunk, tensors):
-                param.copy_(tensor)
-    staged_only = generate_all(engine, [greedy_request(PROMPTS[0], 24)])[0]
-    assert staged_only.versions == [0] * 24  # until the commit the old weights serve
-    assert staged_only.output_ids == hf_greedy(served.model, PROMPTS[0], 24)
-
-    engine.commit_weights(7)
-    responses = generate_all(engine, [greedy_request(p, 24) for p in PROMPTS])
+    built: list[Any] = []  # what vLLM's trainer factory built in this (the trainer's) process
+    trainer_init = WeightTransferTrainerFactory.trainer_init
+    monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", lambda *a, **k: built.append(trainer_init(*a, **k)) or built[-1])
+    source = ModelTensors(perturbed_model(served.v0_dir, seed=2, scale=0.2, tied=served.tied))
+    assert len(plan_buckets(source.specs(), 1 << 20)) >= 2  # several buckets
+    channel = open_vllm_channel(served.engine, f"factories_{served.tied}")
+    try:
+        assert channel.spec.backend == "areal_gloo" and [type(e) for e in built] == [GlooTrainerWeightTransferEngine]
+        send_and_commit(served.engine, channel, source, 7)
+    finally:
+        channel.leave()
+    log = (served.run_dir / "logs" / "vllm_server0.log").read_text()
+    assert "Creating weight transfer engine: GlooWeightTransferEngine" in log  # vLLM's worker-side factory
+    responses = generate_all(served.engine, [greedy_request(p, 24) for p in PROMPTS])
     assert all(r.versions == [7] * 24 for r in responses)
-    assert [r.output_ids for r in responses] == [hf_greedy(new_model, p, 24) for p in PROMPTS]
-    del group, store
+    assert [r.output_ids for r in responses] == [hf_greedy(source.served_model(), p, 24) for p in PROMPTS]
+
+
+def test_a_failed_xccl_update_leaves_the_old_weights_and_a_new_channel_works(servers: dict[str, Served]) -> None:
+    served = servers["untied"]
+    new_model = perturbed_model(served.v0_dir, seed=3, scale=0.2, tied=False)
+    channel = open_vllm_channel(served.engine, "failing")
+    try:
+        with pytest.raises(RuntimeError, match="mid-send"):
+            send_and_commit(served.engine, channel, ModelTensors(new_model, fail_after=10), 5)
+    finally:
+        channel.leave()  # aborts the group: the servers' receive fails now
+    responses = generate_all(served.engine, [greedy_request(p, 24) for p in PROMPTS])
+    assert all(r.versions == [0] * 24 for r in responses)  # the staged half never went in
+    assert [r.output_ids for r in responses] == [hf_greedy(served.model, p, 24) for p in PROMPTS]
+    try:
+        channel = open_vllm_channel(served.engine, "after_failure")
+        source = ModelTensors(new_model)
+        try:
+            send_and_commit(served.engine, channel, source, 6)
+        finally:
+            channel.leave()
+        responses = generate_all(served.engine, [greedy_request(p, 24) for p in PROMPTS])
+        assert [r.output_ids for r in responses] == [hf_greedy(source.served_model(), p, 24) for p in PROMPTS]
+    finally:
+        served.engine.load_weights_from_disk(str(served.v0_dir), 0)
 
 
 def test_routes_and_completions_need_the_token(servers: dict[str, Served]) -> None:
