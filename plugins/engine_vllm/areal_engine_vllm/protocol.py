@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from areal_core.errors import ConfigError
 from areal_core.hf_engine.protocol import VersionBody, from_json, to_json
 
 # shared with the hf server: JSON helpers and the version body (same wire format)
@@ -28,16 +29,6 @@ SERVED_NAME = "areal"
 #: The weight-transfer backend per platform ``device_type``: ours on CPU (``areal_gloo``, registered
 #: by this plugin), vLLM's own on CUDA, vllm-ascend's on Ascend.
 TRANSFER_BACKENDS = {"cpu": "areal_gloo", "cuda": "nccl", "npu": "hccl"}
-#: The weight-transfer routes: vLLM's own RL routes (``vllm/entrypoints/rl/online/api_router.py``,
-#: same bodies) under ``/areal/`` with the bearer token. vLLM serves its own only with
-#: ``VLLM_SERVER_DEV_MODE=1``, without auth and next to ``/collective_rpc``.
-TRANSFER_ROUTES = (
-    "init_weight_transfer_engine",
-    "start_weight_update",
-    "update_weights",
-    "finish_weight_update",
-    "shutdown_weight_transfer_engine",
-)
 
 
 def transfer_backend(device_type: str) -> str:
@@ -46,7 +37,9 @@ def transfer_backend(device_type: str) -> str:
         return TRANSFER_BACKENDS[device_type]
     except KeyError:
         known = ", ".join(f"{k} -> {v}" for k, v in TRANSFER_BACKENDS.items())
-        raise ValueError(f"no vLLM weight-transfer backend for device type {device_type!r} (known: {known})") from None
+        raise ConfigError(
+            "platform", f"device type {device_type!r} has no vLLM weight-transfer backend (known: {known})"
+        ) from None
 
 
 @attrs.frozen(kw_only=True)

@@ -18,7 +18,7 @@ from areal_engine_vllm.protocol import transfer_backend  # noqa: E402
 from areal_engine_vllm.sync_client import ServersSyncClient  # noqa: E402
 from areal_engine_vllm.vllm_internals import VLLMInternalMissing, internal  # noqa: E402
 
-from areal_core.errors import ArealError, PluginError  # noqa: E402
+from areal_core.errors import ArealError, ConfigError, PluginError  # noqa: E402
 from areal_core.weight_channel import ChannelSpec  # noqa: E402
 
 
@@ -38,8 +38,10 @@ def spec(backend: str, servers: int = 2, ranks_per_server: int = 2) -> ChannelSp
 
 
 def test_each_platform_has_its_backend_and_an_unknown_one_is_named() -> None:
-    assert [transfer_backend(d) for d in ("cpu", "cuda", "npu")] == ["areal_gloo", "nccl", "hccl"]
-    with pytest.raises(ValueError, match="'xpu'.*cpu -> areal_gloo"):
+    from areal_engine_vllm.gloo_common import BACKEND
+
+    assert [transfer_backend(d) for d in ("cpu", "cuda", "npu")] == [BACKEND, "nccl", "hccl"]
+    with pytest.raises(ConfigError, match="^platform: device type 'xpu'.*cpu -> areal_gloo"):
         transfer_backend("xpu")
 
 
