@@ -39,6 +39,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.info = info
         self._group: Any = None
         self._meta: Any = None  # vLLM's StatelessProcessGroup: hosts the store the group uses
+        self._sending = False  # False while the source is read: its own errors are the cause
 
     @classmethod
     def trainer_init(
@@ -87,8 +88,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             try:
                 self._broadcast(meta, buckets)
             except BaseException as exc:
-                refused = received.exception() if received.done() else None
-                raise (refused or exc) from None  # a server's refusal says more than the abort it caused
+                # a server's refusal says more than the aborted broadcast it caused
+                refused = received.exception() if self._sending and received.done() else None
+                raise (refused or exc) from None
             received.result()
         finally:  # never wait for a worker stuck in a broadcast that will not come
             pool.shutdown(wait=False)
@@ -102,7 +104,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         assert self.source is not None
         pairs, start, pending = iter(self.source), 0, None
         for count in buckets:
-            tensors = []
+            self._sending, tensors = False, []
             for expected in meta[start : start + count]:
                 name, tensor = next(pairs)
                 if (name, tensor.dtype, tuple(tensor.shape)) != (expected.name, expected.dtype, expected.shape):
@@ -111,13 +113,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                         f"declared {expected.name!r} {expected.dtype} {expected.shape}"
                     )
                 tensors.append(tensor)
-            flat = flatten_bucket(tensors)
+            self._sending, flat = True, flatten_bucket(tensors)
             if pending is not None:
                 pending[0].wait()
             pending = (self._group.broadcast(flat, 0), flat)  # the buffer lives until sent
             start += count
         if pending is not None:
             pending[0].wait()
+        self._sending = False
         extra = next(pairs, None)
         if extra is not None:
             raise ValueError(f"the weight source yielded {extra[0]!r} beyond the {len(meta)} tensors its specs declared")
