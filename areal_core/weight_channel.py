@@ -165,6 +165,29 @@ def unflatten_bucket(flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence
     return out
 
 
+class SendBuffers:
+    """Two send buffers, used alternately: one is filled while the other is on the wire. They are
+    kept across updates, so their memory is touched once (fresh pages cost more than the copy)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: list[torch.Tensor] = []
+
+    def pack(self, tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
+        """The tensors' bytes, back to back (:func:`flatten_bucket`'s layout), in buffer ``slot``."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        while len(self._buffers) <= slot:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self._buffers[slot].numel() < nbytes:
+            self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        flat, offset = self._buffers[slot][:nbytes], 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+            offset += n
+        return flat
+
+
 class FlatBucketChannel(WeightChannel):
     """A channel that broadcasts flat uint8 buckets from rank 0 over a process group while asking
     every server to receive each one. Subclasses form the group (``join``) and say how a server
@@ -174,7 +197,7 @@ class FlatBucketChannel(WeightChannel):
     def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
         super().__init__(spec, rank=rank, device=device)
         self.group: Any = None  # a torch ProcessGroup (or backend) with broadcast(tensor, root)
-        self._buffers: list[torch.Tensor] = []  # two send buffers, alternating (kept across updates)
+        self._buffers = SendBuffers(self.device)
 
     @abc.abstractmethod
     def _receive(self, bucket: Bucket, version: int) -> None:
@@ -201,7 +224,7 @@ class FlatBucketChannel(WeightChannel):
                         raise ValueError(f"bucket {index}: the source yielded {[n for n, _ in parts][:3]}..., "
                                          f"not its declared {bucket.names[:3]}...")  # fmt: skip
                     sending = True
-                    flat = self._pack([t for _, t in parts], index % 2)
+                    flat = self._buffers.pack([t for _, t in parts], index % 2)
                     if pending is not None:
                         pending.wait()
                     pending = self.group.broadcast(flat, 0)
@@ -224,21 +247,6 @@ class FlatBucketChannel(WeightChannel):
         except BaseException:
             self.leave()  # the sender's broadcast fails now too
             raise
-
-    def _pack(self, tensors: list[torch.Tensor], slot: int) -> torch.Tensor:
-        """The tensors' bytes, back to back, in send buffer ``slot`` (one is filled while the other
-        is sent; kept across updates, so their memory is touched once)."""
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        while len(self._buffers) <= slot:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
-        if self._buffers[slot].numel() < nbytes:
-            self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        flat, offset = self._buffers[slot][:nbytes], 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
-            offset += n
-        return flat
 
     def leave(self) -> None:
         group, self.group = self.group, None

@@ -4,7 +4,7 @@ Built by vLLM's ``WeightTransferTrainerFactory.trainer_init`` like vLLM's own nc
 rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncClient`` it is given
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
 collective: FSDP gathers), only rank 0 sends. Bucket ``k + 1`` is packed while bucket ``k`` is on the
-wire. A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+wire (``areal_core.weight_channel.SendBuffers``, as the other flat-bucket channels). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
 group's timeout.
 """
 
@@ -14,6 +14,7 @@ import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
 
+import torch
 from vllm.distributed.weight_transfer.base import (
     ParamMeta,
     TrainerWeightTransferEngine,
@@ -21,7 +22,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from areal_core.weight_channel import flatten_bucket, plan_buckets
+from areal_core.weight_channel import SendBuffers, plan_buckets
 from areal_engine_vllm.gloo_common import (
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
@@ -40,6 +41,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self._group: Any = None
         self._meta: Any = None  # vLLM's StatelessProcessGroup: hosts the store the group uses
         self._sending = False  # False while the source is read: its own errors are the cause
+        self._buffers = SendBuffers(torch.device("cpu"))
 
     @classmethod
     def trainer_init(
@@ -103,7 +105,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def _broadcast(self, meta: list[ParamMeta], buckets: list[int]) -> None:
         assert self.source is not None
         pairs, start, pending = iter(self.source), 0, None
-        for count in buckets:
+        for index, count in enumerate(buckets):
             self._sending, tensors = False, []
             for expected in meta[start : start + count]:
                 name, tensor = next(pairs)
@@ -113,13 +115,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                         f"declared {expected.name!r} {expected.dtype} {expected.shape}"
                     )
                 tensors.append(tensor)
-            self._sending, flat = True, flatten_bucket(tensors)
+            self._sending = True
+            flat = self._buffers.pack(tensors, index % 2)
             if pending is not None:
-                pending[0].wait()
-            pending = (self._group.broadcast(flat, 0), flat)  # the buffer lives until sent
+                pending.wait()
+            pending = self._group.broadcast(flat, 0)
             start += count
         if pending is not None:
-            pending[0].wait()
+            pending.wait()
         self._sending = False
         extra = next(pairs, None)
         if extra is not None:

@@ -4,8 +4,9 @@ Created by vLLM's ``WeightTransferEngineFactory`` when the server is started wit
 ``--weight-transfer-config '{"backend": "areal_gloo"}'``; registered there by
 :func:`areal_engine_vllm.patch.register`. Each bucket is received on the worker's device and staged;
 nothing touches the model until ``finish_weight_update``, which loads every staged tensor at once
-through vLLM's in-place reload. Until then the old weights serve, and an update that fails half-way
-(the trainer aborts the group) leaves them in place.
+through vLLM's in-place reload (it copies them into the model's own storage). Until then the old
+weights serve, and an update that fails half-way (the trainer aborts the group) leaves them in
+place. The receive buffers are kept for the next update, so their memory is touched once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._group: Any = None
         self._meta: Any = None  # vLLM's StatelessProcessGroup: holds the store the group uses
         self._staged: dict[str, torch.Tensor] = {}
+        self._buffers: list[torch.Tensor] = []  # bucket k is received into buffer k
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         """Join the trainer's group as ``rank_offset`` + this worker's rank across DP replicas (as vLLM's nccl)."""
@@ -65,13 +67,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if self._group is None:
             raise RuntimeError("areal_gloo: no weight group; call init_weight_transfer_engine first")
         info, start = update_info, 0
-        for count in info.bucket_sizes:
+        for index, count in enumerate(info.bucket_sizes):
             names = info.names[start : start + count]
             dtypes, shapes = info.dtype_names[start : start + count], info.shapes[start : start + count]
-            flat = torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8, device=self.device)
+            flat = self._buffer(index, bucket_nbytes(dtypes, shapes))
             self._group.broadcast(flat, 0).wait()
             self._staged.update(zip(names, unflatten_bucket(flat, dtypes, shapes)))
             start += count
+
+    def _buffer(self, index: int, nbytes: int) -> torch.Tensor:
+        while len(self._buffers) <= index:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self._buffers[index].numel() != nbytes:
+            self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._buffers[index]
 
     def finish_weight_update(self) -> None:
         staged, self._staged = self._staged, {}
@@ -83,4 +92,4 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if self._group is not None:
             abort(self._group)
         self._group = self._meta = None
-        self._staged = {}
+        self._staged, self._buffers = {}, []
