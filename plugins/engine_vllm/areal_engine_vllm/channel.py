@@ -51,12 +51,17 @@ class VLLMWeightChannel(WeightChannel):
 
     def send(self, source: TensorSource, version: int) -> None:
         """The engine's ``send_weights``: when it returns, every server has finished the update
-        (vLLM loads at finish); ``VLLMEngine.commit_weights`` then serves it as ``version``."""
+        (vLLM loads at finish); ``VLLMEngine.commit_weights`` then serves it as ``version``. On a
+        failure the channel leaves at once (a server blocked in its receive also blocks its
+        engine's resume)."""
         if self.engine is None:
             raise RuntimeError("send() before join(): the vllm channel has no trainer engine")
         self.source.tensors = source
         try:
             self.engine.send_weights()
+        except BaseException:
+            self.leave()  # the servers fail now, instead of waiting in their receive until a timeout
+            raise
         finally:
             self.source.tensors = None
 

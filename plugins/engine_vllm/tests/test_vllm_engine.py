@@ -76,9 +76,10 @@ class ModelTensors:
         return self.model
 
 
-def open_vllm_channel(engine: VLLMEngine, tag: str) -> WeightChannel:
+def open_vllm_channel(engine: VLLMEngine, tag: str, timeout_s: float = 120.0) -> WeightChannel:
     """The engine's channel, opened in this process as trainer rank 0, with 256 KiB buckets."""
-    spec = attrs.evolve(engine.weight_channel("127.0.0.1", free_port(), f"test_{tag}"), bucket_bytes=1 << 18)
+    spec = engine.weight_channel("127.0.0.1", free_port(), f"test_{tag}")
+    spec = attrs.evolve(spec, bucket_bytes=1 << 18, timeout_s=timeout_s)
     channel = open_channel(spec, rank=0, device=torch.device("cpu"))
     channel.join()
     return channel
@@ -207,12 +208,11 @@ def test_xccl_update_goes_through_both_vllm_factories(served: Served, monkeypatc
 def test_a_failed_xccl_update_leaves_the_old_weights_and_a_new_channel_works(servers: dict[str, Served]) -> None:
     served = servers["untied"]
     new_model = perturbed_model(served.v0_dir, seed=3, scale=0.2, tied=False)
-    channel = open_vllm_channel(served.engine, "failing")
-    try:
-        with pytest.raises(RuntimeError, match="mid-send"):
-            send_and_commit(served.engine, channel, ModelTensors(new_model, fail_after=10), 5)
-    finally:
-        channel.leave()  # aborts the group: the servers' receive fails now
+    # the channel leaves on the failure; a server whose receive the abort does not reach fails at
+    # the group's timeout (short here), and the resume after it waits for that
+    channel = open_vllm_channel(served.engine, "failing", timeout_s=15.0)
+    with pytest.raises(RuntimeError, match="mid-send"):
+        send_and_commit(served.engine, channel, ModelTensors(new_model, fail_after=10), 5)
     responses = generate_all(served.engine, [greedy_request(p, 24) for p in PROMPTS])
     assert all(r.versions == [0] * 24 for r in responses)  # the staged half never went in
     assert [r.output_ids for r in responses] == [hf_greedy(served.model, p, 24) for p in PROMPTS]
