@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import HTTPServerEngine, Segment, answers_ok, get_json
+from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
