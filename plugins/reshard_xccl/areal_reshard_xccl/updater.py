@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import SupportsWeightChannel
 from areal_core.errors import ArealError, ConfigError, ProcessFailedError
@@ -65,13 +66,7 @@ class XcclWeightUpdater(WeightUpdater):
         spec = engine.weight_channel(RENDEZVOUS_HOST, free_port(), f"areal_weights_{self._opened}")
         start = time.perf_counter()
         self._members = spec.servers
-        try:
-            trainer.open_weight_channel(spec)
-        except ProcessFailedError:  # a training worker died: the run's failure, not the update's
-            raise
-        except ArealError as exc:
-            self._close()
-            raise WeightUpdateError(f"xccl weight group {spec.group_name!r} could not be set up: {exc}") from None
+        self._on_trainer(trainer.open_weight_channel, spec, failure=f"xccl weight group {spec.group_name!r} could not be set up")
         self.setup_seconds = time.perf_counter() - start
         logger.info(
             "xccl channel %s (%s, world size %d) set up in %.2fs",
@@ -83,17 +78,23 @@ class XcclWeightUpdater(WeightUpdater):
         if self._members is None or engine.members() != self._members:  # a failed update, or servers came or went
             self._open()
         assert isinstance(engine, SupportsWeightChannel)  # checked by connect
+        failure = (
+            f"xccl update to version {version} failed before its commit; servers that stage keep their "
+            "previous weights, and the next update opens a new channel"
+        )
+        self._on_trainer(trainer.send_weights, version, failure=failure)
+        engine.commit_weights(version)
+
+    def _on_trainer(self, call: Callable[[Any], None], arg: Any, *, failure: str) -> None:
+        """``call(arg)`` on the trainers; a channel failure closes the channel and aborts the update
+        (:class:`WeightUpdateError`), a training worker's death stops the run (it passes through)."""
         try:
-            trainer.send_weights(version)
-        except ProcessFailedError:  # a training worker died: the run's failure, not the update's
+            call(arg)
+        except ProcessFailedError:
             raise
         except ArealError as exc:
             self._close()
-            raise WeightUpdateError(
-                f"xccl update to version {version} failed before its commit; servers that stage keep their "
-                f"previous weights, and the next update opens a new channel: {exc}"
-            ) from None
-        engine.commit_weights(version)
+            raise WeightUpdateError(f"{failure}: {exc}") from None
 
     def close(self) -> None:
         self._close()
