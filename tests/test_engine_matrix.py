@@ -188,8 +188,8 @@ class InProcessTrainer:
         return ((name, p.detach().to(self.device)) for name, p in self.model.named_parameters())
 
     def open_weight_channel(self, spec: ChannelSpec) -> None:
-        if self.device.type == "cpu":  # one GPU (see _xccl_platform): the engine's nccl cannot reach a CPU trainer
-            spec = attrs.evolve(spec, backend="gloo")
+        if self.device.type == "cpu" and spec.backend in ("nccl", "hccl"):  # one GPU (see _xccl_platform):
+            spec = attrs.evolve(spec, backend="gloo")  # the engine's nccl cannot reach a CPU trainer
         self._channel = open_channel(spec, rank=0, device=self.device)
         self._channel.join()
 
