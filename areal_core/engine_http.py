@@ -344,6 +344,7 @@ class HTTPServerEngine(InferenceEngine):
             if address in self._slots:
                 self._router.set_open(self._slots.index(address), False)
             handle = self._handles.pop(address, None)
+            self._silent_since.pop(address, None)
             slot = self._device_slots.pop(address, None)
             if slot is not None:
                 self._free_device_slots.append(slot)

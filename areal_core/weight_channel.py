@@ -109,10 +109,6 @@ class Bucket:
     dtypes: list[str]
     shapes: list[list[int]]
 
-    @property
-    def nbytes(self) -> int:
-        return bucket_nbytes(self.dtypes, self.shapes)
-
 
 def parse_dtype(name: str) -> torch.dtype:
     """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``."""
@@ -188,6 +184,42 @@ class SendBuffers:
         return flat
 
 
+class BucketBroadcast:
+    """Rank 0's send loop of a flat-bucket broadcast: each bucket's tensors are read from the
+    source (checked against what the servers were told), packed while the previous bucket is on
+    the wire, and broadcast. ``sending`` tells a failure's cause apart: while a bucket is on the
+    wire, a server's refusal (which aborted it) is the cause; while the source is read, the source."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.buffers = SendBuffers(device)
+        self.sending = False
+
+    def run(self, group: Any, tensors: Iterator[tuple[str, torch.Tensor]], buckets: Sequence[Bucket]) -> None:
+        pending = None
+        try:
+            for index, bucket in enumerate(buckets):
+                self.sending = False
+                parts = [next(tensors) for _ in bucket.names]
+                got = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in parts]
+                declared = list(zip(bucket.names, bucket.dtypes, map(list, bucket.shapes)))
+                if got != declared:
+                    raise ValueError(f"bucket {index}: the source yielded {got[:2]}..., not its declared {declared[:2]}...")
+                self.sending = True
+                flat = self.buffers.pack([t for _, t in parts], index % 2)
+                if pending is not None:
+                    pending.wait()
+                pending = group.broadcast(flat, 0)
+            if pending is not None:
+                pending.wait()
+        except BaseException:
+            pending = group = None  # gloo: peers fail once nothing (this frame included) references the group
+            raise
+        self.sending = False
+        extra = next(tensors, None)
+        if extra is not None:
+            raise ValueError(f"the source yielded {extra[0]!r} beyond the tensors it declared")
+
+
 class FlatBucketChannel(WeightChannel):
     """A channel that broadcasts flat uint8 buckets from rank 0 over a process group while asking
     every server to receive each one. Subclasses form the group (``join``) and say how a server
@@ -197,7 +229,7 @@ class FlatBucketChannel(WeightChannel):
     def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
         super().__init__(spec, rank=rank, device=device)
         self.group: Any = None  # a torch ProcessGroup (or backend) with broadcast(tensor, root)
-        self._buffers = SendBuffers(self.device)
+        self._broadcast = BucketBroadcast(self.device)
 
     @abc.abstractmethod
     def _receive(self, bucket: Bucket, version: int) -> None:
@@ -214,29 +246,13 @@ class FlatBucketChannel(WeightChannel):
         tensors = iter(source)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-receive") as pool:
             receiving = pool.submit(self._receive_all, buckets, version)
-            sending = False  # False while the source is read: its own errors are the cause
             try:
-                pending = None
-                for index, bucket in enumerate(buckets):
-                    sending = False
-                    parts = [next(tensors) for _ in bucket.names]
-                    if [name for name, _ in parts] != bucket.names:
-                        raise ValueError(f"bucket {index}: the source yielded {[n for n, _ in parts][:3]}..., "
-                                         f"not its declared {bucket.names[:3]}...")  # fmt: skip
-                    sending = True
-                    flat = self._buffers.pack([t for _, t in parts], index % 2)
-                    if pending is not None:
-                        pending.wait()
-                    pending = self.group.broadcast(flat, 0)
-                if pending is not None:
-                    pending.wait()
+                self._broadcast.run(self.group, tensors, buckets)
             except BaseException as exc:
-                pending = None  # gloo: peers fail once nothing references the group
                 self.leave()  # the servers fail now instead of waiting for the rest
                 for _ in tensors:  # finish the gathers with the other ranks
                     pass
-                # a server's refusal says more than the aborted broadcast it caused
-                server_error = receiving.exception() if sending else None
+                server_error = receiving.exception() if self._broadcast.sending else None
                 raise (server_error or exc) from None
             receiving.result()
 

@@ -52,7 +52,7 @@ class TrainWorkerError(ProcessFailedError):
 
 
 class WeightGroupError(ArealError):
-    """The weight broadcast group failed; the training workers and their group are intact."""
+    """The engine's weight channel failed; the training workers and their group are intact."""
 
 
 class TrainController:

@@ -4,7 +4,7 @@ Built by vLLM's ``WeightTransferTrainerFactory.trainer_init`` like vLLM's own nc
 rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncClient`` it is given
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
 collective: FSDP gathers), only rank 0 sends. Bucket ``k + 1`` is packed while bucket ``k`` is on the
-wire (``areal_core.weight_channel.SendBuffers``, as the other flat-bucket channels). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+wire (``areal_core.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
 group's timeout.
 """
 
@@ -16,13 +16,12 @@ from typing import Any, Self
 
 import torch
 from vllm.distributed.weight_transfer.base import (
-    ParamMeta,
     TrainerWeightTransferEngine,
     VLLMWeightSyncClient,
     WeightSource,
 )
 
-from areal_core.weight_channel import SendBuffers, plan_buckets
+from areal_core.weight_channel import BucketBroadcast, plan_buckets
 from areal_engine_vllm.gloo_common import (
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
@@ -40,8 +39,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.info = info
         self._group: Any = None
         self._meta: Any = None  # vLLM's StatelessProcessGroup: hosts the store the group uses
-        self._sending = False  # False while the source is read: its own errors are the cause
-        self._buffers = SendBuffers(torch.device("cpu"))
+        self._broadcast = BucketBroadcast(torch.device("cpu"))
 
     @classmethod
     def trainer_init(
@@ -77,10 +75,10 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         if self._group is None:
             raise RuntimeError("areal_gloo: send_weights after shutdown; call trainer_init again")
         specs = [(m.name, str(m.dtype).removeprefix("torch."), m.shape) for m in meta]
-        buckets = [len(b.names) for b in plan_buckets(specs, self.info.bucket_bytes)]
+        buckets = plan_buckets(specs, self.info.bucket_bytes)
         update = GlooWeightTransferUpdateInfo(
             names=[s[0] for s in specs], dtype_names=[s[1] for s in specs], shapes=[list(s[2]) for s in specs],
-            bucket_sizes=buckets,
+            bucket_sizes=[len(b.names) for b in buckets],
         )  # fmt: skip
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="areal-gloo-update")
@@ -88,10 +86,10 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             received = pool.submit(self.client.update_weights, dataclasses.asdict(update))
             received.add_done_callback(self._abort_if_failed)
             try:
-                self._broadcast(meta, buckets)
+                self._broadcast.run(self._group, iter(self.source), buckets)
             except BaseException as exc:
                 # a server's refusal says more than the aborted broadcast it caused
-                refused = received.exception() if self._sending and received.done() else None
+                refused = received.exception() if self._broadcast.sending and received.done() else None
                 raise (refused or exc) from None
             received.result()
         finally:  # never wait for a worker stuck in a broadcast that will not come
@@ -101,32 +99,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def _abort_if_failed(self, received: Future) -> None:
         if received.exception() is not None and self._group is not None:
             abort(self._group)
-
-    def _broadcast(self, meta: list[ParamMeta], buckets: list[int]) -> None:
-        assert self.source is not None
-        pairs, start, pending = iter(self.source), 0, None
-        for index, count in enumerate(buckets):
-            self._sending, tensors = False, []
-            for expected in meta[start : start + count]:
-                name, tensor = next(pairs)
-                if (name, tensor.dtype, tuple(tensor.shape)) != (expected.name, expected.dtype, expected.shape):
-                    raise ValueError(
-                        f"the weight source yielded {name!r} {tensor.dtype} {tuple(tensor.shape)} where its specs "
-                        f"declared {expected.name!r} {expected.dtype} {expected.shape}"
-                    )
-                tensors.append(tensor)
-            self._sending = True
-            flat = self._buffers.pack(tensors, index % 2)
-            if pending is not None:
-                pending.wait()
-            pending = self._group.broadcast(flat, 0)
-            start += count
-        if pending is not None:
-            pending.wait()
-        self._sending = False
-        extra = next(pairs, None)
-        if extra is not None:
-            raise ValueError(f"the weight source yielded {extra[0]!r} beyond the {len(meta)} tensors its specs declared")
 
     def shutdown(self) -> None:
         if self._group is not None:
