@@ -47,6 +47,8 @@ class VLLMEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/areal/pause"
     resume_route = "/areal/resume"
+    commit_route = "/areal/commit_weights"
+    rollback_route = "/areal/rollback_weights"
 
     @property
     def transfer_backend(self) -> str:
@@ -107,8 +109,14 @@ class VLLMEngine(HTTPServerEngine):
         )
 
     def commit_weights(self, version: int) -> None:
-        """Serve the weights ``send`` finished loading as ``version`` (vLLM loads them at finish)."""
-        self.set_version(version)
+        """Phase two of a collective update: :meth:`commit_staged` (``/areal/commit_weights``, undone
+        by ``/areal/rollback_weights``). With vLLM's ``nccl``, which loads on arrival, a commit only
+        sets the version and a rollback is refused (the server is then replaced)."""
+        self.commit_staged(version)
+
+    def weights_digest(self) -> list[dict[str, str]]:
+        """Per server: ``"worker:parameter"`` -> sha256 of what it serves (vLLM's layout)."""
+        return [reply["digest"] for reply in self._broadcast("/areal/weights_digest", {})]
 
 
 def _completion_body(prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:

@@ -39,9 +39,42 @@ def reload_in_place(vllm_config: Any, model: Any, tensors: Iterable[tuple[str, t
 
 
 class ArealWorkerExtension:
-    """Mixed into vLLM's worker class; called through ``collective_rpc("areal_reload_from_dir")``."""
+    """Mixed into vLLM's worker class; its methods are called through ``collective_rpc``.
+
+    Phase two of a collective update (``areal_commit_staged``) and its undo (``areal_rollback``)
+    go to the weight-transfer engine when it stages (our ``areal_gloo``). vLLM's ``nccl`` engine
+    loads as the buckets arrive: its commit only reports that, and it cannot roll back.
+    """
 
     def areal_reload_from_dir(self, path: str) -> None:
         """Reload HF safetensors from directory ``path`` (vLLM's own loader), then fix the tied head."""
+        self._areal_load(path)
+        self._areal_weights_dir = path  # what a rollback past the next commit loads again
+        forget = getattr(self.weight_transfer_engine, "forget_kept", None)  # type: ignore[attr-defined]
+        if forget is not None:
+            forget()
+
+    def areal_commit_staged(self) -> str | None:
+        """Load the staged update; its digest, or None when the engine loaded it on arrival."""
+        commit = getattr(self.weight_transfer_engine, "commit", None)  # type: ignore[attr-defined]
+        return None if commit is None else commit()
+
+    def areal_rollback(self) -> None:
+        """Serve again what the last commit replaced (a kept copy, or the files it was loaded from)."""
+        rollback = getattr(self.weight_transfer_engine, "rollback", None)  # type: ignore[attr-defined]
+        if rollback is None:
+            engine = type(self.weight_transfer_engine).__name__  # type: ignore[attr-defined]
+            raise RuntimeError(f"{engine} loads weights as they arrive and keeps no copy: it cannot roll back")
+        if not rollback():
+            self._areal_load(getattr(self, "_areal_weights_dir", None) or self.vllm_config.model_config.model)  # type: ignore[attr-defined]
+
+    def areal_weights_digest(self) -> dict[str, str]:
+        """sha256 of every parameter this worker serves (vLLM's layout), by name."""
+        from areal_core.hf_engine.receiver import tensor_digest
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        return {name: tensor_digest(param) for name, param in model.named_parameters()}
+
+    def _areal_load(self, path: str) -> None:
         self.reload_weights(weights_path=path)  # type: ignore[attr-defined]
         refresh_tied_lm_head(self.model_runner.get_model())  # type: ignore[attr-defined]
