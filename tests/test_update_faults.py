@@ -72,10 +72,15 @@ class FaultyTrainer:
     def __init__(self, base: Path, seed: int) -> None:
         self.model = perturbed_model(base, seed=seed, scale=0.2)
         self.fault: Callable[[], None] | None = None
+        self.unreadable = False  # the next save_hf writes a version no server can read
         self._channel: WeightChannel | None = None
 
     def save_hf(self, path: str) -> None:
         self.model.save_pretrained(path)
+        if self.unreadable:
+            self.unreadable = False
+            for shard in Path(path).glob("*.safetensors"):
+                shard.write_bytes(shard.read_bytes()[:64])  # cut inside the header
 
     def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         return [(name, "float32", tuple(p.shape)) for name, p in self.model.named_parameters()]
@@ -328,6 +333,33 @@ def trainer_killed_mid_bucket(r: Rig, name: str, base: Path, version: int) -> No
     TIMES.append((name, "run stops (exit 3); servers keep the old version", detect, recover))
 
 
+def disk_version_unreadable(r: Rig, name: str, version: int) -> None:
+    """``disk`` updates: version ``version`` is published with its weights file cut short, so
+    every server fails to load it; the update aborts, every server loads version - 1 again."""
+    xccl, r.updater = r.updater, load_plugins().get("weight_updater", "disk")(r.config, CpuPlatform())
+    try:
+        r.updater.connect(r.trainer, r.engine)
+        r.update(version - 1)
+        r.start_episodes()
+        r.trainer.model = perturbed_model_like(r.trainer.model, seed=version)
+        r.trainer.unreadable = True
+        start = time.monotonic()
+        with pytest.raises(WeightUpdateError, match=f"could not load version {version}"):
+            r.update(version)
+        detect = time.monotonic() - start
+        r.assert_consistent()
+        assert set(r.versions()) == {version - 1}
+        start = time.monotonic()
+        r.update(version + 1)
+        recover = time.monotonic() - start
+        r.assert_consistent()
+        assert set(r.versions()) == {version + 1}
+        r.assert_no_episode_lost()
+    finally:
+        r.updater = xccl
+    TIMES.append((name, "aborted; every server reloads the last version", detect, recover))
+
+
 def perturbed_model_like(model: Any, seed: int) -> Any:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -364,6 +396,11 @@ def test_a_commit_that_raises_on_one_server(rig: Rig) -> None:
 @pytest.mark.slow
 def test_trainer_rank0_sigkilled_mid_bucket(rig: Rig, base_model: Path) -> None:
     trainer_killed_mid_bucket(rig, "hf: SIGKILL trainer rank 0", base_model, 2)
+
+
+@pytest.mark.slow
+def test_a_disk_version_no_server_can_read(rig: Rig) -> None:
+    disk_version_unreadable(rig, "hf: disk version unreadable", 3)
 
 
 # --------------------------------------------------------------------------- vLLM engine
@@ -412,6 +449,11 @@ def test_vllm_a_commit_that_raises_on_one_server_rolls_the_other_back(vllm_rig: 
 def test_vllm_trainer_rank0_sigkilled_mid_bucket(vllm_rig: Rig) -> None:
     model = Path(vllm_rig.config.model.path)
     trainer_killed_mid_bucket(vllm_rig, "vLLM: SIGKILL trainer rank 0", model, 22)
+
+
+@pytest.mark.slow
+def test_vllm_a_disk_version_no_server_can_read(vllm_rig: Rig) -> None:
+    disk_version_unreadable(vllm_rig, "vLLM: disk version unreadable", 42)
 
 
 @pytest.mark.slow

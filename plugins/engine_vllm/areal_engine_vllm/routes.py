@@ -8,14 +8,14 @@ names ``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
 | POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
 | POST /areal/resume | ``resume_generation()`` |
 | POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
-| POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``) |
+| POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``), after ending an update a dead trainer abandoned |
 | POST /areal/start_weight_update | ``start_weight_update()`` |
 | POST /areal/update_weights | ``update_weights`` (body ``{"update_info": ...}``) |
 | POST /areal/finish_weight_update | ``finish_weight_update(weight_version)``, then the prefix cache is reset |
 | POST /areal/commit_weights | ``collective_rpc("areal_commit_staged")``: phase two, serve the staged update as ``version``; replies its digest |
 | POST /areal/rollback_weights | ``collective_rpc("areal_rollback")``: serve again what the last commit replaced, under its version |
 | POST /areal/weights_digest | ``collective_rpc("areal_weights_digest")``: sha256 of every served parameter |
-| POST /areal/shutdown_weight_transfer_engine | ``shutdown_weight_transfer_engine()`` |
+| POST /areal/shutdown_weight_transfer_engine | ``shutdown_weight_transfer_engine()``, after ending an abandoned update |
 | POST /areal/set_version | ``update_weight_version`` |
 | GET /areal/state | the served version and whether generation is paused |
 
@@ -169,6 +169,7 @@ class ArealRoutes:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         init_info = _field(await _json(request), "init_info", dict)
+        await self._end_abandoned_update()
         await self._weights().engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
         return {"message": "Weight transfer initialized"}
 
@@ -223,6 +224,7 @@ class ArealRoutes:
         return {"version": weights.version, "digest": digest}
 
     async def shutdown_weight_transfer_engine(self, request: Request) -> dict[str, Any]:
+        await self._end_abandoned_update()
         await self._weights().engine.shutdown_weight_transfer_engine()
         return {"message": "Weight transfer shut down"}
 
@@ -230,6 +232,11 @@ class ArealRoutes:
         body = from_json(VersionBody, await _json(request))
         await self._weights().set_version(body.version)
         return {"version": body.version}
+
+    async def _end_abandoned_update(self) -> None:
+        """A new trainer joins, or the trainer leaves: an update session still open was abandoned."""
+        if any(await self._weights().engine.collective_rpc("areal_abandon_update")):
+            log.warning("areal: ended a weight update its trainer abandoned (nothing of it is served)")
 
     def _weights(self) -> _Weights:
         assert self.weights is not None  # checked by _guarded

@@ -68,6 +68,32 @@ class ArealWorkerExtension:
         if not rollback():
             self._areal_load(getattr(self, "_areal_weights_dir", None) or self.vllm_config.model_config.model)  # type: ignore[attr-defined]
 
+    def areal_abandon_update(self) -> bool:
+        """End a weight-update session whose trainer is gone (it died or left between vLLM's
+        ``start_weight_update`` and ``finish_weight_update``): the staged part is dropped and vLLM's
+        own ``finish_weight_update`` closes the session, loading nothing. True if there was one.
+        Without it the worker refuses every later start and the trainer's release. vLLM's ``nccl``
+        loaded part of it on arrival: that server fails here and is replaced."""
+        if not self._areal_update_active():
+            return False
+        engine = self.weight_transfer_engine  # type: ignore[attr-defined]
+        if not hasattr(engine, "commit"):
+            raise RuntimeError(
+                f"{type(engine).__name__} loaded part of an abandoned weight update on arrival: "
+                "this server serves mixed weights; replace it"
+            )
+        engine.start_weight_update()  # drops what was staged
+        self.finish_weight_update()  # type: ignore[attr-defined]
+        return True
+
+    def _areal_update_active(self) -> bool:
+        if not hasattr(self, "_weight_update_active"):
+            raise VLLMInternalMissing(
+                f"areal-engine-vllm: {type(self).__name__}._weight_update_active is missing, so an update "
+                "abandoned by a dead trainer cannot be ended; install vllm 0.32.*"
+            )
+        return bool(self._weight_update_active)
+
     def areal_weights_digest(self) -> dict[str, str]:
         """sha256 of every parameter this worker serves (vLLM's layout), by name."""
         from areal_core.hf_engine.receiver import tensor_digest
