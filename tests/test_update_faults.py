@@ -460,5 +460,5 @@ def test_vllm_a_disk_version_no_server_can_read(vllm_rig: Rig) -> None:
 def test_vllm_sigkill_of_one_of_two_servers_mid_bucket(vllm_rig: Rig) -> None:
     """Last in this module: it leaves the shared rig with one server."""
     victim = vllm_rig.handle(1)
-    outcome = run_fault(vllm_rig, "vLLM: SIGKILL one of two servers", lambda: os.kill(victim.pid, signal.SIGKILL), 32)
+    outcome = run_fault(vllm_rig, "vLLM: SIGKILL one of two servers", lambda: os.kill(victim.pid, signal.SIGKILL), 52)
     assert outcome == "finished on the survivor" and len(vllm_rig.engine.addresses) == 1
