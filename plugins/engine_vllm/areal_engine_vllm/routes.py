@@ -158,6 +158,7 @@ class ArealRoutes:
     async def update_from_disk(self, request: Request) -> dict[str, Any]:
         body = from_json(DiskUpdateBody, await _json(request))
         directory = _check_load_path(body.path)
+        _fail_on_purpose(body.version, "disk load")
         weights = self._weights()
         await weights.engine.collective_rpc("areal_reload_from_dir", kwargs={"path": str(directory)})
         await weights.reset_caches()
@@ -198,8 +199,7 @@ class ArealRoutes:
 
     async def commit_weights(self, request: Request) -> dict[str, Any]:
         body = from_json(VersionBody, await _json(request))
-        if os.environ.get(FAIL_COMMIT_ENV) == str(body.version):
-            raise RuntimeError(f"{FAIL_COMMIT_ENV}={body.version}: this commit fails on purpose (test hook)")
+        _fail_on_purpose(body.version, "commit")
         weights = self._weights()
         digests = await weights.engine.collective_rpc("areal_commit_staged")
         await weights.reset_caches()
@@ -259,6 +259,12 @@ def _field(body: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(value, kind):
         raise ValueError(f'expects a JSON body {{"{key}": ...}} (got {str(body)[:200]})')
     return value
+
+
+def _fail_on_purpose(version: int, what: str) -> None:
+    """The test hook: fail ``version``'s ``what`` when ``AREAL_VLLM_FAIL_COMMIT`` lists it."""
+    if str(version) in os.environ.get(FAIL_COMMIT_ENV, "").split(","):
+        raise RuntimeError(f"{FAIL_COMMIT_ENV} lists {version}: this {what} fails on purpose (test hook)")
 
 
 def _check_load_path(path: str) -> Path:
