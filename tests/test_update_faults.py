@@ -212,6 +212,17 @@ class Rig:
         (response,) = generate_all(self.engine, [greedy_request([3, 4, 5], 8)])
         assert response.versions == [versions.pop()] * 8
 
+    def recover(self, version: int) -> float:
+        """The next update after a fault reaches every live server; then no episode is lost.
+        Returns how long the update took."""
+        start = time.monotonic()
+        self.update(version)
+        took = time.monotonic() - start
+        self.assert_consistent()
+        assert set(self.versions()) == {version}
+        self.assert_no_episode_lost()
+        return took
+
     def start_episodes(self) -> None:
         for _ in range(EPISODES):
             self.rollout.submit({"id": f"p{self.submitted}", "n": self.submitted}, Episode())
@@ -298,13 +309,7 @@ def run_fault(r: Rig, name: str, fault: Callable[[], None], version: int) -> str
     detect = time.monotonic() - start
     assert detect < 2 * DEADLINE_S + 5.0  # + the fleet's 5 s grace for a lost server
     r.assert_consistent()
-    start = time.monotonic()
-    r.update(version + 1)
-    recover = time.monotonic() - start
-    r.assert_consistent()
-    assert set(r.versions()) == {version + 1}
-    r.assert_no_episode_lost()
-    TIMES.append((name, outcome, detect, recover))
+    TIMES.append((name, outcome, detect, r.recover(version + 1)))
     return outcome
 
 
@@ -326,19 +331,13 @@ def trainer_killed_mid_bucket(r: Rig, name: str, base: Path, version: int) -> No
     r.updater.connect(dying, r.engine)
     with pytest.raises(ProcessFailedError, match="trainer0 exited"):
         r.update(version)
-    detect = time.monotonic() - killed[0]
-    r.assert_consistent()  # answers: no server is blocked in the broadcast
+    r.assert_consistent()  # vLLM: its workers answer, so none is blocked in the broadcast any more
+    released = time.monotonic() - killed[0]
+    assert released < 2 * DEADLINE_S
     assert r.versions() == before
     r.updater.close()
-    start = time.monotonic()
     r.updater.connect(r.trainer, r.engine)  # the restarted run's trainer joins the same servers
-    r.update(version + 1)
-    recover = time.monotonic() - start
-    assert time.monotonic() - killed[0] < 2 * DEADLINE_S + 30.0  # + the new trainer's join and send
-    r.assert_consistent()
-    assert set(r.versions()) == {version + 1}
-    r.assert_no_episode_lost()
-    TIMES.append((name, "run stops (exit 3); servers keep the old version", detect, recover))
+    TIMES.append((name, "run stops (exit 3); servers keep the old version", released, r.recover(version + 1)))
 
 
 def disk_version_unreadable(r: Rig, name: str, version: int, *, cut: bool) -> None:
@@ -358,12 +357,7 @@ def disk_version_unreadable(r: Rig, name: str, version: int, *, cut: bool) -> No
         detect = time.monotonic() - start
         r.assert_consistent()
         assert set(r.versions()) == {version - 1}
-        start = time.monotonic()
-        r.update(version + 1)
-        recover = time.monotonic() - start
-        r.assert_consistent()
-        assert set(r.versions()) == {version + 1}
-        r.assert_no_episode_lost()
+        recover = r.recover(version + 1)
     finally:
         r.updater = xccl
     TIMES.append((name, "aborted; every server reloads the last version", detect, recover))
