@@ -2,7 +2,8 @@
 
 One JSON object per line, times in seconds since the recorder started (``perf_counter``):
 
-- ``{"ev": "start", "unix": ...}``: the first line of each attempt (a recovered run appends);
+- ``{"ev": "start", "unix": ..., "batch_size": ...}``: the first line of each attempt (a recovered
+  run appends), with the run's facts the analysis needs;
 - ``{"ev": "span", "name": ..., "step": ..., "t0": ..., "t1": ...}``: a trainer phase;
 - ``{"ev": "rollout", "t": ..., "in_flight": ..., "ready": ..., "accepted": ...,
   "blocked_staleness": ..., "blocked_concurrency": ..., "paused": ..., "aborted": ...}``: the rollout
@@ -43,14 +44,14 @@ class Timeline:
     """Buffers events and appends them to ``path`` on :meth:`flush`; ``path=None`` keeps only the
     clock (spans are still timed, for the ``time/*`` stats, but nothing is recorded)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, **facts: Any) -> None:
         self.path = path
         self.origin = time.perf_counter()
         self._lock = threading.Lock()
         self._events: list[tuple] = []
         if path is not None:
             with path.open("a") as f:
-                f.write(json.dumps({"ev": "start", "unix": time.time()}) + "\n")
+                f.write(json.dumps({"ev": "start", "unix": time.time(), **facts}) + "\n")
 
     @property
     def enabled(self) -> bool:
@@ -100,6 +101,6 @@ class Timeline:
             f.write("\n".join(lines) + "\n")
 
 
-def open_timeline(run_dir: Path, enabled: bool) -> Timeline:
+def open_timeline(run_dir: Path, enabled: bool, batch_size: int) -> Timeline:
     """The run's recorder: appending to ``run_dir/timeline.jsonl``, or timing only when disabled."""
-    return Timeline(run_dir / TIMELINE_FILE if enabled else None)
+    return Timeline(run_dir / TIMELINE_FILE if enabled else None, batch_size=batch_size)

@@ -41,6 +41,7 @@ class Sample:
 class Record:
     spans: list[SpanRow]
     samples: list[Sample]  # sorted by time
+    batch_size: int | None = None  # episodes per batch (from the start line)
 
 
 @attrs.frozen
@@ -65,7 +66,7 @@ def load(run_dir: Path) -> Record:
     lines = path.read_text().splitlines()
     spans: list[SpanRow] = []
     samples: list[Sample] = []
-    first_unix = offset = None
+    first_unix = offset = batch_size = None
     for number, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
@@ -76,6 +77,7 @@ def load(run_dir: Path) -> Record:
         if row.get("ev") == "start":
             first_unix = row["unix"] if first_unix is None else first_unix
             offset = row["unix"] - first_unix
+            batch_size = row.get("batch_size", batch_size)
         elif offset is None:
             raise ArealError(f"{path}:{number}: an event before the first start line; the file is damaged")
         elif row.get("ev") == "span":
@@ -85,7 +87,7 @@ def load(run_dir: Path) -> Record:
     if not spans:
         raise ArealError(f"{path}: no trainer phase recorded yet; run at least one step")
     samples.sort(key=lambda s: s.t)
-    return Record(spans, samples)
+    return Record(spans, samples, batch_size)
 
 
 def idle_intervals(busy: Iterable[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
@@ -123,6 +125,32 @@ def mean_state(samples: list[Sample], start: float, end: float) -> dict[str, flo
     return means
 
 
+def time_ready(samples: list[Sample], start: float, end: float, at_least: int) -> float:
+    """Seconds of ``[start, end]`` during which ``at_least`` episodes were ready."""
+    total, t, ready = 0.0, start, 0
+    for sample in samples:
+        if sample.t <= start:
+            ready = sample.values["ready"]
+            continue
+        if sample.t >= end:
+            break
+        total += (sample.t - t) * (ready >= at_least)
+        t, ready = sample.t, sample.values["ready"]
+    return total + (end - t) * (ready >= at_least)
+
+
+def wait_breakdown(record: Record) -> dict[str, float]:
+    """The trainer's rollout waits in seconds: the first batch, the later waits while a batch's worth
+    was ready (the staleness deadline holds the batch for an older episode), and the rest."""
+    waits = sorted((s for s in record.spans if s.name == WAIT), key=lambda s: s.t0)
+    total = sum(s.t1 - s.t0 for s in waits)
+    first = waits[0].t1 - waits[0].t0 if waits else 0.0
+    deadline = 0.0
+    if record.batch_size is not None:
+        deadline = sum(time_ready(record.samples, s.t0, s.t1, record.batch_size) for s in waits[1:])
+    return {"total": total, "first batch": first, "staleness deadline": deadline, "generation": total - first - deadline}
+
+
 def _cause(record: Record, start: float, end: float, first_step: int) -> tuple[int | None, str]:
     waits = [s for s in record.spans if s.name == WAIT and s.t0 < end and s.t1 > start]
     overlap = sum(min(s.t1, end) - max(s.t0, start) for s in waits)
@@ -131,17 +159,23 @@ def _cause(record: Record, start: float, end: float, first_step: int) -> tuple[i
     step = waits[0].step
     state = mean_state(record.samples, start, end)
     counts = f"{state['in_flight']:.1f} episodes in flight, {state['ready']:.1f} ready on average"
+    return step, f"waiting for rollouts: {_reason(state, step == first_step, record.batch_size)}; {counts}"
+
+
+def _reason(state: dict[str, float], first: bool, batch_size: int | None) -> str:
     if state["paused"] > 0.5:
-        reason = "generation paused"
-    elif state["blocked_staleness"] >= 0.5:
-        reason = f"staleness bound (rollout.max_head_offpolicyness) refused {state['blocked_staleness']:.1f} slots"
-    elif state["blocked_concurrency"] >= 0.5:
-        reason = f"rollout.max_concurrent_rollouts refused {state['blocked_concurrency']:.1f} slots"
-    elif step == first_step:
-        reason = "first batch: the pipe fills from empty"
-    else:
-        reason = "generation: the batch's last episodes still decoding"
-    return step, f"waiting for rollouts: {reason}; {counts}"
+        return "generation paused"
+    if batch_size is not None and state["ready"] >= batch_size:
+        return ("staleness deadline: a batch's worth is ready, but an episode this batch must take "
+                "(started rollout.max_head_offpolicyness versions ago) is still decoding")
+    if first:
+        return "first batch: the pipe fills from empty"
+    if state["blocked_concurrency"] >= 0.5:
+        return f"rollout.max_concurrent_rollouts held back {state['blocked_concurrency']:.1f} episodes the staleness bound admits"
+    if state["blocked_staleness"] >= 0.5:
+        return (f"staleness bound (rollout.max_head_offpolicyness) held back {state['blocked_staleness']:.1f} "
+                "episodes max_concurrent_rollouts admits")
+    return "generation: the batch's last episodes still decoding"
 
 
 def _split(a: float, b: float, cuts: list[float]) -> list[tuple[float, float]]:
@@ -190,7 +224,7 @@ def plot(record: Record, gaps: list[Gap], out: Path) -> None:
     names = sorted({s.name for s in record.spans})
     color_of = {name: colors(i % 10) for i, name in enumerate(names)}
     lane_of = {name: i for i, name in enumerate(LANES)}
-    for s in record.spans:
+    for s in sorted(record.spans, key=lambda s: s.parent is not None):  # phases under their parts
         lane = lane_of.get(s.parent or s.name, len(LANES))
         height = 0.8 if s.parent is None else 0.5
         top.barh(lane, s.t1 - s.t0, left=s.t0, height=height, color=color_of[s.name], edgecolor="none")
@@ -232,6 +266,8 @@ def report(run_dir: Path, top: int = 3) -> list[str]:
     trace = chrome_trace(record)
     _replace(run_dir / "timeline.trace.json", lambda tmp: tmp.write_text(json.dumps(trace)))
     lines = [f"wrote {run_dir / 'timeline.png'} and {run_dir / 'timeline.trace.json'} (Perfetto)"]
+    split = wait_breakdown(record)
+    lines.append(f"rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))
     lines.append(f"largest idle gaps of the trainer ({len(gaps)}):")
     for gap in gaps:
         where = f"step {gap.step}" if gap.step is not None else "between steps"

@@ -414,7 +414,7 @@ class _Loop:
         from areal_core.stats import StatsLogger, plot_reward_curve
 
         config, planes = self.config, self.planes
-        self.timeline = timeline = open_timeline(self.run_dir, config.stats.timeline)
+        self.timeline = timeline = open_timeline(self.run_dir, config.stats.timeline, config.train_dataset.batch_size)
         start_step = self._restore()
         version = start_step
         rollout = self.rollout

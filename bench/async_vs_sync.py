@@ -43,7 +43,7 @@ from areal_core.config import load_config
 from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.hf_engine.client import HFEngine
 from areal_core.plugins import load_plugins
-from areal_core.timeline_report import find_gaps, load
+from areal_core.timeline_report import find_gaps, load, wait_breakdown
 from areal_core.trainer import Trainer
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
@@ -166,8 +166,11 @@ def compare(
     kind = "overlap bound: sync wall / max(sum gen, sum train)" if pipe_gen_s is None else (
         f"bound: sync wall / max(sum train, unblocked rollout time {pipe_gen_s:.1f}s)")
     print(f"async/sync speedup {speedup:.2f}x   ideal {bound:.2f}x ({kind})   async reaches {100 * speedup / bound:.0f}% of it")
+    record = load(asyn["run_dir"])
+    split = wait_breakdown(record)
+    print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))
     print("async run's largest idle gaps (areal timeline):")
-    for gap in find_gaps(load(asyn["run_dir"])):
+    for gap in find_gaps(record):
         print(f"  {gap.seconds:6.2f}s at {gap.start:6.2f}s step {gap.step}: {gap.cause}")
     sys.stdout.flush()
     return speedup, 100 * speedup / bound

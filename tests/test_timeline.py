@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.timeline import ROLLOUT_FIELDS, TIMELINE_FILE, Timeline
-from areal_core.timeline_report import Record, Sample, SpanRow, find_gaps, idle_intervals, load, mean_state
+from areal_core.timeline_report import (
+    Record, Sample, SpanRow, find_gaps, idle_intervals, load, mean_state, wait_breakdown,
+)
 
 AREAL = [sys.executable, "-m", "areal_core.cli"]
 
@@ -53,14 +55,17 @@ def test_gaps_longest_first_with_their_cause():
         SpanRow("rollout_wait", 1, 0.0, 3.0), SpanRow("train", 1, 3.0, 4.0), SpanRow("minibatch", 1, 3.0, 3.9, "train"),
         SpanRow("weight_update", 1, 4.0, 4.2),
         SpanRow("rollout_wait", 2, 4.5, 5.5), SpanRow("train", 2, 5.5, 6.0),
+        SpanRow("rollout_wait", 3, 6.0, 6.8), SpanRow("train", 3, 6.8, 7.0),
     ]
-    samples = [_sample(0, in_flight=8), _sample(4.5, in_flight=2, blocked_staleness=6)]
-    gaps = find_gaps(Record(spans, samples), top=3)
-    assert [(g.start, g.end) for g in gaps] == [(0.0, 3.0), (4.5, 5.5), (4.2, 4.5)]
-    first, stale, between = gaps
+    samples = [_sample(0, in_flight=8), _sample(4.5, in_flight=2, blocked_staleness=6), _sample(6.0, ready=5)]
+    gaps = find_gaps(Record(spans, samples, batch_size=4), top=4)
+    assert [(g.start, g.end) for g in gaps] == [(0.0, 3.0), (4.5, 5.5), (6.0, 6.8), (4.2, 4.5)]
+    first, stale, deadline, between = gaps
     assert first.step == 1 and "first batch" in first.cause and "8.0 episodes in flight" in first.cause
-    assert stale.step == 2 and "staleness bound" in stale.cause and "6.0 slots" in stale.cause
+    assert stale.step == 2 and "staleness bound" in stale.cause and "held back 6.0 episodes" in stale.cause
+    assert deadline.step == 3 and "staleness deadline" in deadline.cause and "5.0 ready" in deadline.cause
     assert between.step is None and "between phases" in between.cause
+    assert len(find_gaps(Record(spans, samples, batch_size=4), top=2)) == 2
 
 
 def test_recorder_writes_spans_and_samples_that_load_back(tmp_path):
@@ -130,3 +135,10 @@ def test_a_real_run_records_its_timeline_and_areal_timeline_draws_it(uninterrupt
     trace = json.loads((run_dir / "timeline.trace.json").read_text())["traceEvents"]
     assert {e["name"] for e in trace if e["ph"] == "X"} >= {"rollout_wait", "minibatch", "weight_load"}
     assert any(e["ph"] == "C" for e in trace)
+
+
+def test_wait_breakdown_splits_first_batch_deadline_and_generation():
+    spans = [SpanRow("rollout_wait", 1, 0.0, 1.0), SpanRow("rollout_wait", 2, 2.0, 3.0)]
+    samples = [_sample(0.0), _sample(2.5, ready=4)]  # step 2: a batch's worth ready from 2.5 s on
+    split = wait_breakdown(Record(spans, samples, batch_size=4))
+    assert split == pytest.approx({"total": 2.0, "first batch": 1.0, "staleness deadline": 0.5, "generation": 0.5})
