@@ -142,3 +142,38 @@ def test_wait_breakdown_splits_first_batch_deadline_and_generation():
     samples = [_sample(0.0), _sample(2.5, ready=4)]  # step 2: a batch's worth ready from 2.5 s on
     split = wait_breakdown(Record(spans, samples, batch_size=4))
     assert split == pytest.approx({"total": 2.0, "first batch": 1.0, "staleness deadline": 0.5, "generation": 0.5})
+
+
+@pytest.mark.parametrize("eta, max_concurrent", [(0, 8), (1, 3), (2, 5)])
+def test_rollout_gauge_follows_the_limits_through_steps_and_pauses(tmp_path, eta, max_concurrent):
+    from rollout_doubles import ScriptedEngine
+    from test_rollout_controller import GroupWorkflow, _items
+
+    from areal_core.rollout.controller import RolloutController
+    from areal_core.rollout.dataloader import PromptLoader
+    from areal_core.rollout.staleness import StalenessManager
+
+    batch = 2
+    timeline = Timeline(tmp_path / TIMELINE_FILE, batch_size=batch)
+    staleness = StalenessManager(batch_size=batch, max_head_offpolicyness=eta, max_concurrent=max_concurrent)
+    loader = PromptLoader(_items(20), shuffle=False)
+    with RolloutController(ScriptedEngine(delay=lambda r: 0.002), staleness, timeline=timeline) as ctl:
+        for version in range(1, 5):
+            ctl.prepare_batch(loader, GroupWorkflow(), timeout=60)
+            ctl.pause()
+            ctl.set_version(version)
+            ctl.resume()
+    timeline.flush()
+    with (tmp_path / TIMELINE_FILE).open("a") as f:  # `load` wants a trainer phase; a controller records none
+        f.write(json.dumps({"ev": "span", "name": "train", "step": 1, "t0": 0, "t1": 0}) + "\n")
+    samples = [s.values for s in load(tmp_path).samples]
+    window = (eta + 1) * batch  # unconsumed episodes one version admits
+    for s in samples:
+        assert s["in_flight"] <= max_concurrent and s["in_flight"] + s["ready"] <= window
+        assert s["blocked_staleness"] * s["blocked_concurrency"] == 0  # one limit binds at a time
+        assert s["blocked_concurrency"] <= max(0, window - max_concurrent)
+        assert s["blocked_staleness"] <= max_concurrent - s["in_flight"]
+    assert max(s["in_flight"] for s in samples) == min(max_concurrent, window)
+    assert [s["accepted"] for s in samples] == sorted(s["accepted"] for s in samples)
+    assert any(s["paused"] for s in samples) and not samples[-1]["paused"]
+    assert [s["aborted"] for s in samples] == sorted(s["aborted"] for s in samples)  # cumulative
