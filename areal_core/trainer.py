@@ -473,6 +473,7 @@ class _Loop:
                     timeline.flush()
             with timeline.span("checkpoint", config.total_train_steps, final=True):
                 final = self._save_hf("final")
+            loop_seconds = time.perf_counter() - t0  # the loop ends here; stopping and plotting follow
         finally:
             timeline.flush()
             stats_log.close()
@@ -484,7 +485,7 @@ class _Loop:
             steps=len(history),
             samples=samples,
             output_tokens=tokens,
-            wall_seconds=time.perf_counter() - t0,
+            wall_seconds=loop_seconds,
             startup_seconds=t0 - created,
             reward_first=rewards[0] if rewards else 0.0,
             reward_last=_mean(rewards[-5:]),
