@@ -177,3 +177,17 @@ def test_rollout_gauge_follows_the_limits_through_steps_and_pauses(tmp_path, eta
     assert [s["accepted"] for s in samples] == sorted(s["accepted"] for s in samples)
     assert any(s["paused"] for s in samples) and not samples[-1]["paused"]
     assert [s["aborted"] for s in samples] == sorted(s["aborted"] for s in samples)  # cumulative
+
+
+def test_a_recovered_runs_attempts_follow_each_other_by_wall_clock(tmp_path):
+    rows = [
+        {"ev": "start", "unix": 1000.0, "batch_size": 2},
+        {"ev": "span", "name": "train", "step": 1, "t0": 1.0, "t1": 2.0},
+        {"ev": "start", "unix": 1010.0, "batch_size": 2},  # restarted 10 s later, its clock from 0
+        {"ev": "span", "name": "train", "step": 2, "t0": 1.0, "t1": 2.0},
+        {"ev": "rollout", "t": 0.5, **dict.fromkeys(ROLLOUT_FIELDS, 1)},
+    ]
+    (tmp_path / TIMELINE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = load(tmp_path)
+    assert [(s.step, s.t0, s.t1) for s in record.spans] == [(1, 1.0, 2.0), (2, 11.0, 12.0)]
+    assert [s.t for s in record.samples] == [10.5] and record.batch_size == 2
