@@ -103,7 +103,10 @@ class ReplayLatencyEngine(InferenceEngine):
         self.paused = False
 
     def health(self) -> list[bool]:
-        return []
+        return [True]
+
+    def members(self) -> tuple[str, ...]:
+        return ("replay",)  # one in-process stand-in: a wait past the liveness poll finds it serving
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
         self.version = version
