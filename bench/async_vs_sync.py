@@ -17,7 +17,8 @@ real engine the generation time is the synchronous run's measured wait (the plai
 for the replay engine it is the time a never-blocked pipe of in-flight episodes needs, since
 asynchrony also stops waiting for stragglers.
 
-After each part it prints the asynchronous run's largest idle gaps (``areal timeline``). With
+After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
+generation) and its largest idle gaps, from its timeline (``areal timeline``). With
 ``--repeats N`` both parts run N times (part 2 replays part 1's recording of the same repeat) and
 the min, median and max of the speed-up and of the % of bound close the output. ``--keep DIR``
 keeps the run directories (timelines included) under DIR.
