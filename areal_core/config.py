@@ -186,6 +186,7 @@ class StatsConfig:
     tensorboard: bool = True
     eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
     progress: bool = True
+    timeline: bool = True  # trainer phases and rollout concurrency in RUN_DIR/timeline.jsonl (`areal timeline`)
 
 
 @frozen

@@ -189,7 +189,7 @@ def test_recompute_prox_equals_a_separate_pass(process_group, model_path, miniba
     (separate, p0), (inside, p1) = results
     assert inside["time/prox_logp_s"] == 0.0 if minibatches == 1 else inside["time/prox_logp_s"] > 0
     for key, value in separate.items():
-        if not key.startswith("time/") and key != "tokens_per_s":
+        if not key.startswith(("time/", "minibatch_s/")) and key != "tokens_per_s":  # timings
             assert inside[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert separate["behav_imp_weight_max"] > 1.05  # the anchor was not the behaviour policy
     for name in p0:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 #: Two tokens: enough for the head to take part, so a padding micro-batch touches every parameter.
 _DUMMY_SEQUENCE = [0, 0]
+MINIBATCH_S = "minibatch_s/"  # stats key prefix: one optimizer step's seconds, per minibatch
 
 
 class _PolicyRoot(nn.Module):
@@ -272,7 +273,8 @@ class TrainEngine:
         ``recompute_prox``: the proximal log-probs are the current policy's, taken here. With one
         minibatch no update happens before its forward, so that forward's (detached) log-probs
         are them and no extra pass runs; with more, one :meth:`compute_logprobs` pass runs first.
-        The ``time/*`` entries say where the step went (seconds, this rank).
+        The ``time/*`` entries say where the step went (seconds, this rank); ``minibatch_s/<i>``
+        is minibatch ``i``'s.
         """
         if len(advantages) != len(trajs):
             raise ValueError(f"got {len(advantages)} advantages for {len(trajs)} trajectories; pass one per trajectory")
@@ -289,9 +291,11 @@ class TrainEngine:
             prox_s = time.perf_counter() - start
         lengths = [len(t.input_ids) for t in trajs]
         stats = _StepStats()
-        steps = [
-            self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats, fused) for mb in minibatches
-        ]
+        steps, minibatch_s = [], []
+        for mb in minibatches:
+            mb_start = time.perf_counter()
+            steps.append(self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats, fused))
+            minibatch_s.append(time.perf_counter() - mb_start)
         self.step += 1
         gathered: list[_StepStats | None] = [None] * self.world_size
         dist.all_gather_object(gathered, stats)
@@ -308,6 +312,7 @@ class TrainEngine:
         out["time/prox_logp_s"] = prox_s
         out["time/optimizer_s"] = sum(t for _, _, t in steps)
         out["time/train_fwd_bwd_s"] = elapsed - prox_s - out["time/optimizer_s"]
+        out.update({f"{MINIBATCH_S}{i}": t for i, t in enumerate(minibatch_s)})  # for the run's timeline
         return out
 
     def _minibatch_step(
