@@ -1,0 +1,171 @@
+"""LoRA policies (``actor.lora``) in the FSDP2 engine: in this process at world size 1 (real gloo
+group), and through the controller's worker processes at world size 2."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import attrs
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from areal_core.config import LoraConfig, TinyModelSpec, load_config
+from areal_core.errors import ConfigError
+from areal_core.tiny_model import ensure_tiny_model
+from test_train_controller import ADVANTAGES, controller, make_config, on_policy, raw_trajs
+from test_train_engine import CORPUS, make_batch, make_engine
+
+LORA = ("actor.lora.rank=4", "actor.lora.alpha=8")
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return str(ensure_tiny_model(TinyModelSpec(), CORPUS, tmp_path_factory.mktemp("models"), seed=0))
+
+
+def by_name(engine) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in engine.iter_full_tensors()}
+
+
+def base_weights(engine) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    named = engine.model.named_parameters()
+    return {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for n, p in named if not p.requires_grad}
+
+
+def merged_logprobs(adapter_dir, base_path: str, seqs: list[list[int]]) -> list[list[float]]:
+    """transformers + peft, adapter merged into the base weights: log-prob of each token."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload().eval()
+    out = []
+    with torch.no_grad():
+        for seq in seqs:
+            logp = merged(torch.tensor([seq])).logits[0, :-1].log_softmax(-1)
+            out.append([0.0, *logp.gather(-1, torch.tensor(seq[1:])[:, None])[:, 0].tolist()])
+    return out
+
+
+def test_only_the_adapter_trains_and_leaves_as_a_peft_adapter(process_group, model_path, tmp_path):
+    engine = make_engine(model_path, *LORA)
+    trajs, adv = make_batch(engine)
+    base_before, adapter_before = base_weights(engine), by_name(engine)
+    assert adapter_before and all(".lora_A.weight" in n or ".lora_B.weight" in n for n in adapter_before)
+    assert [s[0] for s in engine.full_tensor_specs()] == list(adapter_before)
+    for _ in range(2):
+        stats = engine.ppo_update(trajs, adv)
+    assert stats["grad_norm"] > 0
+    adapter_after = by_name(engine)
+    assert all(not torch.equal(adapter_before[n], adapter_after[n]) for n in adapter_after)
+    for name, value in base_weights(engine).items():
+        assert torch.equal(value, base_before[name]), name
+    # AdamW state exists for the adapter only
+    state = engine.optimizer.state
+    assert len(state) == len(adapter_after) == len(engine.optimizer.param_groups[0]["params"])
+
+    engine.save_hf(tmp_path / "adapter")
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert set(saved) == set(adapter_after)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == model_path and config["r"] == 4
+    assert not (tmp_path / "adapter" / "model.safetensors").exists()
+    seqs = [t.input_ids for t in trajs]
+    want = merged_logprobs(tmp_path / "adapter", model_path, seqs)
+    for got, expected in zip(engine.compute_logprobs(seqs), want):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_policy_is_the_base_model(process_group, model_path):
+    lora = make_engine(model_path, *LORA, "actor.kl_coef=0.1")
+    assert lora.ref_model is None
+    trajs, adv = make_batch(lora)
+    first = lora.ppo_update(trajs, adv)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # lora_B starts at zero: policy == base
+    later = lora.ppo_update(trajs, adv)
+    assert later["kl_ref"] > 1e-6
+    # the reference forward leaves the adapter on and trainable
+    assert len([p for p in lora.model.parameters() if p.requires_grad]) == len(lora.full_tensor_specs())
+    from areal_core.train.packing import pack
+
+    seqs = [t.input_ids for t in trajs]
+    base = make_engine(model_path)
+    ref = lora._ref_logprobs(pack(seqs, list(range(len(seqs))))).split([len(s) for s in seqs])
+    for got, want in zip(ref, base.compute_logprobs(seqs)):
+        torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)
+
+
+def test_resume_is_bitwise_identical(process_group, model_path, tmp_path):
+    overrides = (*LORA, "actor.ppo_n_minibatches=2", "actor.optimizer.warmup_steps=3", "total_train_steps=4")
+    straight = make_engine(model_path, *overrides)
+    trajs, adv = make_batch(straight)
+    for _ in range(4):
+        expected_stats = straight.ppo_update(trajs, adv)
+    first = make_engine(model_path, *overrides)
+    for _ in range(2):
+        first.ppo_update(trajs, adv)
+    first.save_checkpoint(tmp_path / "ckpt")
+    resumed = make_engine(model_path, *overrides)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.step == 2
+    for _ in range(2):
+        last = resumed.ppo_update(trajs, adv)
+    assert last["loss"] == expected_stats["loss"]
+    expected, got = by_name(straight), by_name(resumed)
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    for p_exp, p_got in zip(straight.optimizer.state.values(), resumed.optimizer.state.values()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(p_exp[key].to_local(), p_got[key].to_local()), key
+
+
+def test_bad_lora_settings_name_the_key(process_group, model_path):
+    with pytest.raises(ConfigError, match=r"^actor\.lora\.target_modules: \['nope'\] matches no layer.*q_proj"):
+        make_engine(model_path, "actor.lora.target_modules=[nope]")
+    with pytest.raises(ConfigError, match=r"^actor\.lora\.dropout: must be < 1"):
+        load_config(None, ["actor.lora.dropout=1"])
+
+
+@pytest.mark.slow
+def test_world_size_2_matches_world_size_1(model_path, tmp_path):
+    from areal_core.platform import CpuPlatform
+    from areal_core.scheduler.local import LocalScheduler
+
+    results = {}
+    with LocalScheduler(CpuPlatform()) as scheduler:
+        for ws in (1, 2):
+            config = make_config(model_path, ws)
+            actor = attrs.evolve(config.actor, lora=LoraConfig(rank=4, alpha=8), kl_coef=0.05)
+            config = attrs.evolve(config, actor=actor)
+            with controller(config, scheduler, model_path, tmp_path / f"run{ws}") as trainer:
+                initial = trainer.compute_logprobs(raw_trajs())
+                trajs = on_policy(raw_trajs(), initial)
+                stats = [trainer.train_step(trajs, ADVANTAGES, initial) for _ in range(2)]
+                trainer.save_hf(str(tmp_path / f"adapter{ws}"))
+            results[ws] = stats, load_file(str(tmp_path / f"adapter{ws}" / "adapter_model.safetensors"))
+    (stats1, adapter1), (stats2, adapter2) = results[1], results[2]
+    for s1, s2 in zip(stats1, stats2):
+        for key in ("loss", "grad_norm", "kl_ref"):
+            assert s2[key] == pytest.approx(s1[key], rel=1e-3, abs=1e-6), key
+    assert stats2[-1]["kl_ref"] > 0
+    assert set(adapter1) == set(adapter2)
+    for name in adapter1:
+        torch.testing.assert_close(adapter2[name], adapter1[name], rtol=0, atol=5e-5)
+
