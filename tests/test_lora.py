@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -13,8 +15,16 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from areal_core.config import LoraConfig, TinyModelSpec, load_config
+from areal_core.engine import GenerationRequest, SamplingParams
 from areal_core.errors import ConfigError
+from areal_core.hf_engine.client import HFEngine
+from areal_core.platform import CpuPlatform
+from areal_core.plugins import load_plugins
+from areal_core.scheduler.base import free_port
+from areal_core.scheduler.local import LocalScheduler
+from areal_core.testing import generate_all, greedy_request, hf_greedy, load_model, perturbed_model
 from areal_core.tiny_model import ensure_tiny_model
+from areal_core.train.engine import TrainEngine
 from test_train_controller import ADVANTAGES, controller, make_config, on_policy, raw_trajs
 from test_train_engine import CORPUS, make_batch, make_engine
 
@@ -145,9 +155,6 @@ def test_bad_lora_settings_name_the_key(process_group, model_path):
 
 @pytest.mark.slow
 def test_world_size_2_matches_world_size_1(model_path, tmp_path):
-    from areal_core.platform import CpuPlatform
-    from areal_core.scheduler.local import LocalScheduler
-
     results = {}
     with LocalScheduler(CpuPlatform()) as scheduler:
         for ws in (1, 2):
@@ -169,3 +176,88 @@ def test_world_size_2_matches_world_size_1(model_path, tmp_path):
     for name in adapter1:
         torch.testing.assert_close(adapter2[name], adapter1[name], rtol=0, atol=5e-5)
 
+
+
+# --------------------------------------------------------------------------- adapters on servers
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9]]
+LOGPROB_ATOL = 1e-4  # as tests/test_hf_engine.py: fp32 server vs fp32 recomputation
+
+
+@attrs.frozen
+class Policy:
+    """A trained LoRA engine in this process and its run (the servers' base weights in it)."""
+
+    engine: Any
+    config: Any
+    base_dir: Path
+
+    def train(self, steps: int) -> None:
+        trajs, adv = make_batch(self.engine, seed=steps)
+        for _ in range(steps):
+            self.engine.ppo_update(trajs, adv)
+
+    def merged(self, tmp: Path) -> Any:
+        """transformers' model with the engine's current adapter merged into the base weights."""
+        from peft import PeftModel
+
+        self.engine.save_hf(tmp)
+        return PeftModel.from_pretrained(load_model(self.base_dir), str(tmp)).merge_and_unload().eval()
+
+
+@pytest.fixture
+def policy(process_group, model_path, tmp_path) -> Policy:
+    config = load_config(None, [f"fileroot={tmp_path / 'runs'}", *LORA, "actor.lora.alpha=16", "actor.optimizer.lr=0.05",
+                                "actor.max_tokens_per_mb=96", "rollout.request_timeout=60"])
+    base_dir = config.run_dir / "weights" / "v0"  # inside the run dir: servers may load it
+    perturbed_model(model_path, seed=0).save_pretrained(base_dir)
+    config = attrs.evolve(config, model=attrs.evolve(config.model, path=str(base_dir)))
+    algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
+    engine = TrainEngine(config, CpuPlatform(), str(base_dir), algorithm)
+    engine.initialize()
+    return Policy(engine, config, base_dir)
+
+
+def check_against_trainer(served_engine: Any, policy: Policy, merged: Any, version: int) -> None:
+    """Sampled log-probs equal the trainer's; greedy outputs equal transformers with the adapter
+    merged; every token carries ``version``."""
+    sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(PROMPTS)]
+    responses = generate_all(served_engine, sampled)
+    trainer = policy.engine.compute_logprobs([r.input_ids + r.output_ids for r in responses])
+    for resp, logp in zip(responses, trainer):
+        assert resp.versions == [version] * len(resp.output_ids)
+        torch.testing.assert_close(
+            torch.tensor(resp.logprobs), torch.tensor(logp[len(resp.input_ids):]), atol=LOGPROB_ATOL, rtol=0
+        )
+    greedy = generate_all(served_engine, [greedy_request(p, 16) for p in PROMPTS])
+    assert [g.output_ids for g in greedy] == [hf_greedy(merged, p, 16) for p in PROMPTS]
+
+
+@pytest.mark.slow
+def test_hf_server_takes_the_adapter_from_disk_and_through_its_channel(policy: Policy, tmp_path) -> None:
+    scheduler = LocalScheduler(CpuPlatform())
+    try:
+        served = HFEngine(policy.config, CpuPlatform())
+        served.launch_servers(scheduler)
+        base = load_model(policy.base_dir)
+        before = [g.output_ids for g in generate_all(served, [greedy_request(p, 16) for p in PROMPTS])]
+        assert before == [hf_greedy(base, p, 16) for p in PROMPTS]  # a fresh adapter changes nothing
+
+        policy.train(2)  # disk: the adapter directory alone
+        v1 = policy.config.run_dir / "weights" / "v1"
+        policy.engine.save_hf(v1)
+        assert not (v1 / "model.safetensors").exists()
+        served.load_weights_from_disk(str(v1), 1)
+        merged = policy.merged(tmp_path / "m1")
+        check_against_trainer(served, policy, merged, 1)
+        assert [hf_greedy(merged, p, 16) for p in PROMPTS] != before  # the adapter matters
+
+        policy.train(1)  # the hf channel: adapter tensors only, staged, then committed
+        spec = served.weight_channel("127.0.0.1", free_port(), "lora_weights")
+        assert policy.engine.open_weight_channel(spec) is None
+        assert policy.engine.send_weights(2) is None
+        served.commit_weights(2)
+        policy.engine.close_weight_channel()
+        check_against_trainer(served, policy, policy.merged(tmp_path / "m2"), 2)
+    finally:
+        scheduler.stop_all()

@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 ADAPTER = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+#: What peft puts before a wrapped model's parameter names in an adapter file.
+PEFT_PREFIX = "base_model.model."
 _ADAPTER_IN_NAME = re.compile(rf"\.{ADAPTER}(?=\.weight$)")
+_ADAPTER_PARAM = re.compile(rf"\.lora_[AB]\.{ADAPTER}\.weight$")
 
 
 def peft_config(lora: LoraConfig, base_model: str = "") -> Any:
@@ -51,16 +54,21 @@ def apply_lora(lm: nn.Module, lora: LoraConfig, base_model: str) -> nn.Module:
     """
     import peft
 
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if type(m).__name__ == "Linear"})
     try:
-        return peft.get_peft_model(lm, peft_config(lora, base_model))
+        model = peft.get_peft_model(lm, peft_config(lora, base_model))
     except ValueError as exc:
         if "target modules" not in str(exc).lower():
             raise
-        linear = sorted({name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if type(m).__name__ == "Linear"})
         raise ConfigError(
             "actor.lora.target_modules",
             f"{list(lora.target_modules)} matches no layer of {type(lm).__name__}; its linear layers are {linear}",
         ) from None
+    if len(adapter_parameters(model)) != sum(p.requires_grad for p in model.parameters()):
+        raise ConfigError(
+            "actor.lora.target_modules", f"{list(lora.target_modules)}: only linear layers can be adapted, e.g. {linear}"
+        )
+    return model
 
 
 @contextmanager
@@ -84,13 +92,19 @@ def adapter_disabled(lm: nn.Module) -> Iterator[None]:
 
 
 def saved_name(param_name: str) -> str:
-    """peft's file name of an adapter parameter (its adapter name dropped)."""
-    return _ADAPTER_IN_NAME.sub("", param_name)
+    """peft's file name of an adapter parameter: under peft's prefix, the adapter name dropped."""
+    name = _ADAPTER_IN_NAME.sub("", param_name)
+    return name if name.startswith(PEFT_PREFIX) else PEFT_PREFIX + name
 
 
-def adapter_parameters(lm: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """(saved name, parameter) of every adapter tensor, in model order."""
-    return [(saved_name(n), p) for n, p in lm.named_parameters() if p.requires_grad]
+def adapter_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(saved name, parameter) of every adapter tensor, in model order, of a peft model or of the
+    model it wraps (whose layers peft adapted in place)."""
+    return [(saved_name(n), p) for n, p in model.named_parameters() if _ADAPTER_PARAM.search(n)]
+
+
+def has_adapter(model: nn.Module) -> bool:
+    return any(_ADAPTER_PARAM.search(n) for n, _ in model.named_parameters())
 
 
 def write_adapter(out: Path, tensors: dict[str, Any], lm: nn.Module) -> None:
