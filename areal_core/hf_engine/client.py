@@ -53,6 +53,7 @@ class HFEngine(HTTPServerEngine):
     resume_route = "/continue"
     commit_route = "/commit_weights"
     rollback_route = "/rollback_weights"
+    channel_takes_adapter = True  # a server started with --lora stages and commits adapter tensors
 
     @classmethod
     def check_engine_args(cls, engine_args: dict[str, Any]) -> None:
