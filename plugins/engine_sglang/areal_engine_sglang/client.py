@@ -6,6 +6,9 @@ ends every running and queued request with its partial output and holds new ones
 ``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
 output with the rest of the budget, so one response may carry tokens of two weight versions.
 
+With ``actor.lora`` a disk update is a LoRA adapter: ``/load_lora_adapter`` under a name per
+version, requests name it (``lora_path``), the previous one is unloaded (``/unload_lora_adapter``).
+
 Weight versions are SGLang's own: servers start with ``--weight-version 0``, updates pass
 ``weight_version``, ``set_version`` calls ``/update_weight_version``, and each reply's
 ``meta_info.weight_versions`` spans tag its tokens.
@@ -35,6 +38,8 @@ from areal_engine_sglang.launch import require_sglang, server_command, server_en
 from areal_engine_sglang.protocol import (
     DiskUpdateBody,
     GenerateBody,
+    LoraLoadBody,
+    LoraUnloadBody,
     PauseBody,
     WeightVersionBody,
     parse_generate,
@@ -43,6 +48,8 @@ from areal_engine_sglang.protocol import (
 )
 
 if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.platform import Platform
     from areal_core.scheduler.base import Scheduler
     from areal_core.weight_channel import ChannelSpec
 
@@ -59,6 +66,10 @@ class SGLangEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/pause_generation"
     resume_route = "/continue_generation"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -98,6 +109,7 @@ class SGLangEngine(HTTPServerEngine):
             rid=f"{request.request_id}-{attempt}",  # SGLang keys in-flight state by rid
             input_ids=request.input_ids + generated,
             sampling_params=sampling_params(request.sampling, len(generated)),
+            lora_path=self.adapter,
         )
         async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
             data = await resp.json(content_type=None)
@@ -113,9 +125,21 @@ class SGLangEngine(HTTPServerEngine):
         self._broadcast(self.pause_route, to_json(PauseBody(mode="abort")))
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
+        if self.config.actor.lora is not None:
+            self._load_adapter(path, version)
+            return
         self._broadcast(
             "/update_weights_from_disk", to_json(DiskUpdateBody(model_path=str(path), weight_version=str(version)))
         )
+
+    def _load_adapter(self, path: str, version: int) -> None:
+        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one."""
+        name = f"areal-lora-v{version}"
+        self._broadcast("/load_lora_adapter", to_json(LoraLoadBody(lora_name=name, lora_path=str(path))))
+        previous, self.adapter = self.adapter, name
+        self.set_version(version)
+        if previous not in (None, name):
+            self._broadcast("/unload_lora_adapter", to_json(LoraUnloadBody(lora_name=previous)))
 
     def set_version(self, version: int) -> None:
         self._broadcast("/update_weight_version", to_json(WeightVersionBody(new_version=str(version))))
