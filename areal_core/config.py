@@ -70,6 +70,7 @@ class TinyModelSpec:
     head_dim: int = attrs.field(default=32, validator=_ge(32))  # vLLM-CPU attention needs >= 32
     intermediate_size: int = attrs.field(default=256, validator=_ge(1))
     max_position_embeddings: int = attrs.field(default=512, validator=_ge(16))
+    initializer_range: float = attrs.field(default=0.02, validator=_gt(0))  # std of the random weights
 
 
 @frozen

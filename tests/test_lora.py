@@ -149,6 +149,10 @@ def test_resume_is_bitwise_identical(process_group, model_path, tmp_path):
 def test_bad_lora_settings_name_the_key(process_group, model_path):
     with pytest.raises(ConfigError, match=r"^actor\.lora\.target_modules: \['nope'\] matches no layer.*q_proj"):
         make_engine(model_path, "actor.lora.target_modules=[nope]")
+    with pytest.raises(ConfigError, match=r"^actor\.lora\.target_modules: \['lm_head'\] adapts the output layer"):
+        make_engine(model_path, "actor.lora.target_modules=[lm_head]")
+    with pytest.raises(ConfigError, match=r"^actor\.lora\.target_modules: \['embed_tokens'\]: only linear layers"):
+        make_engine(model_path, "actor.lora.target_modules=[embed_tokens]")
     with pytest.raises(ConfigError, match=r"^actor\.lora\.dropout: must be < 1"):
         load_config(None, ["actor.lora.dropout=1"])
 

@@ -64,6 +64,10 @@ def apply_lora(lm: nn.Module, lora: LoraConfig, base_model: str) -> nn.Module:
             "actor.lora.target_modules",
             f"{list(lora.target_modules)} matches no layer of {type(lm).__name__}; its linear layers are {linear}",
         ) from None
+    if hasattr(model.get_output_embeddings(), "lora_A"):  # log-probs read the head's weight directly
+        raise ConfigError(
+            "actor.lora.target_modules", f"{list(lora.target_modules)} adapts the output layer; leave lm_head out"
+        )
     if len(adapter_parameters(model)) != sum(p.requires_grad for p in model.parameters()):
         raise ConfigError(
             "actor.lora.target_modules", f"{list(lora.target_modules)}: only linear layers can be adapted, e.g. {linear}"

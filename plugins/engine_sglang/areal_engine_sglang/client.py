@@ -25,6 +25,7 @@ the next successful update.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ from areal_engine_sglang.protocol import (
     sampling_params,
     to_json,
 )
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -133,13 +136,17 @@ class SGLangEngine(HTTPServerEngine):
         )
 
     def _load_adapter(self, path: str, version: int) -> None:
-        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one."""
+        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one
+        where it is loaded."""
         name = f"areal-lora-v{version}"
         self._broadcast("/load_lora_adapter", to_json(LoraLoadBody(lora_name=name, lora_path=str(path))))
         previous, self.adapter = self.adapter, name
         self.set_version(version)
-        if previous not in (None, name):
-            self._broadcast("/unload_lora_adapter", to_json(LoraUnloadBody(lora_name=previous)))
+        if previous not in (None, name):  # a server that joined since never had it: nothing to unload there
+            bodies = [to_json(LoraUnloadBody(lora_name=previous))] * len(self.members())
+            for address, outcome in self._post_each("/unload_lora_adapter", bodies):
+                if isinstance(outcome, ArealError):
+                    logger.info("%s: adapter %s not unloaded: %s", address, previous, outcome)
 
     def set_version(self, version: int) -> None:
         self._broadcast("/update_weight_version", to_json(WeightVersionBody(new_version=str(version))))

@@ -14,6 +14,7 @@ adapter (the base model's name before the first), and the previous adapter is un
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ from areal_engine_vllm.protocol import (
     to_json,
     transfer_backend,
 )
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -112,13 +115,17 @@ class VLLMEngine(HTTPServerEngine):
         self._broadcast("/areal/update_weights_from_disk", to_json(DiskUpdateBody(path=str(path), version=version)))
 
     def _load_adapter(self, path: str, version: int) -> None:
-        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one."""
+        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one
+        where it is loaded."""
         name = f"{SERVED_NAME}-lora-v{version}"
         self._broadcast("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         previous, self.served_name = self.served_name, name
         self.set_version(version)
-        if previous not in (SERVED_NAME, name):
-            self._broadcast("/v1/unload_lora_adapter", {"lora_name": previous})
+        if previous not in (SERVED_NAME, name):  # a server that joined since never had it: nothing to unload there
+            bodies = [{"lora_name": previous}] * len(self.members())
+            for address, outcome in self._post_each("/v1/unload_lora_adapter", bodies):
+                if isinstance(outcome, ArealError):
+                    logger.info("%s: adapter %s not unloaded: %s", address, previous, outcome)
 
     def set_version(self, version: int) -> None:
         self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
