@@ -178,3 +178,33 @@ def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: f
     chosen = logits.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
     gaps = logits.max(-1).values - chosen
     assert float(gaps.max()) <= tol, f"token {int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"
+
+
+def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float = 0.3) -> Any:
+    """A peft LoRA adapter (``lora``: an ``actor.lora`` section) on the model at ``base_dir`` with
+    N(0, scale) weights, saved at ``out``; returns the model with it merged in."""
+    import torch
+    from peft import get_peft_model
+
+    from areal_core.train.lora import peft_config
+
+    model = get_peft_model(load_model(base_dir), peft_config(lora, str(base_dir)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    model.save_pretrained(out)
+    return model.merge_and_unload().eval()
+
+
+def assert_logprobs_under(model: Any, responses: list[Any], atol: float) -> None:
+    """Each response's sampled log-probs (temperature 1) equal ``model``'s within ``atol``."""
+    import torch
+
+    for resp in responses:
+        ids = torch.tensor([resp.input_ids + resp.output_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(resp.input_ids) - 1 : -1].float()
+        want = logits.log_softmax(-1).gather(-1, torch.tensor(resp.output_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(resp.logprobs), want, atol=atol, rtol=0)

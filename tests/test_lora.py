@@ -4,17 +4,15 @@ group), and through the controller's worker processes at world size 2."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
-from areal_core.config import LoraConfig, TinyModelSpec, load_config
+from areal_core.config import LoraConfig, load_config
 from areal_core.engine import GenerationRequest, SamplingParams
 from areal_core.errors import ConfigError
 from areal_core.hf_engine.client import HFEngine
@@ -23,29 +21,11 @@ from areal_core.plugins import load_plugins
 from areal_core.scheduler.base import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, hf_greedy, load_model, perturbed_model
-from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.engine import TrainEngine
 from test_train_controller import ADVANTAGES, controller, make_config, on_policy, raw_trajs
-from test_train_engine import CORPUS, make_batch, make_engine
+from test_train_engine import make_batch, make_engine, model_path, process_group  # noqa: F401 - fixtures
 
 LORA = ("actor.lora.rank=4", "actor.lora.alpha=8")
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return str(ensure_tiny_model(TinyModelSpec(), CORPUS, tmp_path_factory.mktemp("models"), seed=0))
 
 
 def by_name(engine) -> dict[str, torch.Tensor]:

@@ -5,11 +5,9 @@ transformers with the adapter merged into the base weights."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
-import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
 pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
@@ -17,39 +15,25 @@ pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-co
 from areal_engine_vllm.client import VLLMEngine  # noqa: E402
 from areal_engine_vllm.launch import max_lora_rank, server_command, server_env  # noqa: E402
 
-from areal_core.config import Config, LoraConfig, ModelConfig, RolloutConfig, TinyModelSpec, load_config  # noqa: E402
+from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, load_config  # noqa: E402
 from areal_core.engine import GenerationRequest, SamplingParams  # noqa: E402
 from areal_core.errors import ArealError, ConfigError  # noqa: E402
 from areal_core.platform import CpuPlatform  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
+    assert_logprobs_under,
     generate_all,
     greedy_request,
     hf_greedy,
-    load_model,
     perturbed_model,
+    random_adapter,
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
-from areal_core.train.lora import peft_config  # noqa: E402
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9]]
 LORA = LoraConfig(rank=4, alpha=8)
 LOGPROB_ATOL = 1e-3  # vLLM-CPU's fp32 kernels (and its LoRA path) vs a transformers forward
-
-
-def adapter(base_dir: Path, out: Path, seed: int) -> Any:
-    """A peft adapter with random weights on ``base_dir``, saved at ``out``; the merged model."""
-    from peft import get_peft_model
-
-    model = get_peft_model(load_model(base_dir), peft_config(LORA, str(base_dir)))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    model.save_pretrained(out)
-    return model.merge_and_unload().eval()
 
 
 def test_lora_flags_and_env(tmp_path: Path) -> None:
@@ -84,7 +68,7 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
 
         loaded: list[str] = []
         for version in (1, 2):
-            merged = adapter(base_dir, config.run_dir / "weights" / f"v{version}", seed=version)
+            merged = random_adapter(base_dir, config.run_dir / "weights" / f"v{version}", LORA, seed=version)
             engine.pause()
             engine.load_weights_from_disk(str(config.run_dir / "weights" / f"v{version}"), version)
             engine.resume()
@@ -94,12 +78,7 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
             assert all(r.versions == [version] * 12 for r in responses)
             sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))
                        for i, p in enumerate(PROMPTS)]
-            for resp in generate_all(engine, sampled):
-                ids = torch.tensor([resp.input_ids + resp.output_ids])
-                with torch.no_grad():
-                    logits = merged(ids).logits[0, len(resp.input_ids) - 1 : -1]
-                want = logits.log_softmax(-1).gather(-1, torch.tensor(resp.output_ids)[:, None])[:, 0]
-                torch.testing.assert_close(torch.tensor(resp.logprobs), want, atol=LOGPROB_ATOL, rtol=0)
+            assert_logprobs_under(merged, generate_all(engine, sampled), LOGPROB_ATOL)
         assert loaded == ["areal-lora-v1", "areal-lora-v2"]
         assert [r.output_ids for r in responses] != [hf_greedy(base_model, p, 12) for p in PROMPTS]
         # the previous version's adapter is gone from the server
