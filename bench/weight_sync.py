@@ -201,7 +201,7 @@ def bench_lora(root: Path, reps: int) -> None:
         rows[mode] = (nbytes, seconds)
     print(f"\nmodel: {sum(t.numel() for t in _tensors(model)) / 1e6:.1f}M parameters; LoRA {' '.join(LORA)} "
           f"on every linear layer; hf server; median of {reps}\n")
-    print(f"{'update':6} {'MB':>9} {'disk s':>8} {'xccl s':>8}")
+    print(f"{'update':6} {'MiB':>9} {'disk s':>8} {'xccl s':>8}")
     for mode, (nbytes, seconds) in rows.items():
         print(f"{mode:6} {nbytes / 2**20:9.2f} {seconds['disk']:8.3f} {seconds['xccl']:8.3f}")
     (full_bytes, full_s), (lora_bytes, lora_s) = rows["full"], rows["lora"]

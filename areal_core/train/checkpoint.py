@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
 def _rng_state(device_type: str) -> dict:
@@ -34,7 +35,7 @@ def _set_rng_state(state: dict, device_type: str) -> None:
         torch.get_device_module(device_type).set_rng_state(state["device"])
 
 
-def _options(model: torch.nn.Module) -> object:
+def _options(model: torch.nn.Module) -> StateDictOptions:
     """Leave frozen parameters out; DCP's load still fails on any trainable one it lacks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -8,9 +8,8 @@ in peft's ``adapter_model.safetensors`` (``base_model.model.<module>.lora_A.weig
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 #: The adapter name peft gives the policy's one adapter (it appears in parameter names).
 ADAPTER = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 #: What peft puts before a wrapped model's parameter names in an adapter file.
 PEFT_PREFIX = "base_model.model."
 _ADAPTER_IN_NAME = re.compile(rf"\.{ADAPTER}(?=\.weight$)")
@@ -119,16 +117,3 @@ def write_adapter(out: Path, tensors: dict[str, Any], lm: nn.Module) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     lm.peft_config[ADAPTER].save_pretrained(str(out))
-
-
-def read_base_model(adapter_dir: str | Path) -> str:
-    """The base model's name or path recorded in an adapter directory."""
-    return json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def trainable(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
-    return [p for p in params if p.requires_grad]
