@@ -208,3 +208,32 @@ def assert_logprobs_under(model: Any, responses: list[Any], atol: float) -> None
             logits = model(ids).logits[0, len(resp.input_ids) - 1 : -1].float()
         want = logits.log_softmax(-1).gather(-1, torch.tensor(resp.output_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(resp.logprobs), want, atol=atol, rtol=0)
+
+
+def check_adapter_updates(engine: Any, base_dir: Any, out_root: Any, lora: Any, prompts: list[list[int]],
+                          atol: float, name_of: Any) -> None:
+    """Publish random adapters as versions 1 and 2 (saved as ``out_root/v{v}``, loaded while paused)
+    and check each against transformers with it merged: greedy outputs equal, every token tagged with
+    the version, sampled log-probs within ``atol``; the adapter requests name (``name_of(engine)``) is
+    ``areal-lora-v{v}``; and the outputs differ from the base model's."""
+    from pathlib import Path
+
+    from areal_core.engine import GenerationRequest, SamplingParams
+
+    greedy = [greedy_request(p, 12) for p in prompts]
+    sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))
+               for i, p in enumerate(prompts)]
+    base = load_model(base_dir)
+    assert [r.output_ids for r in generate_all(engine, greedy)] == [hf_greedy(base, p, 12) for p in prompts]
+    for version in (1, 2):
+        path = Path(out_root) / f"v{version}"
+        merged = random_adapter(base_dir, path, lora, seed=version)
+        engine.pause()
+        engine.load_weights_from_disk(str(path), version)
+        engine.resume()
+        assert name_of(engine) == f"areal-lora-v{version}"
+        outputs = generate_all(engine, greedy)
+        assert [r.output_ids for r in outputs] == [hf_greedy(merged, p, 12) for p in prompts]
+        assert all(r.versions == [version] * 12 for r in outputs)
+        assert_logprobs_under(merged, generate_all(engine, sampled), atol)
+    assert [r.output_ids for r in outputs] != [hf_greedy(base, p, 12) for p in prompts]

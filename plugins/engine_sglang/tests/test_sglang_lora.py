@@ -13,17 +13,12 @@ import pytest
 pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
 
 from areal_core.config import Config, LoraConfig, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
-from areal_core.engine import GenerationRequest, SamplingParams  # noqa: E402
 from areal_core.errors import ArealError  # noqa: E402
 from areal_core.platform import CpuPlatform  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
-    assert_logprobs_under,
-    generate_all,
-    greedy_request,
-    hf_greedy,
+    check_adapter_updates,
     perturbed_model,
-    random_adapter,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 from areal_engine_sglang.client import SGLangEngine  # noqa: E402
@@ -55,21 +50,7 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
     with LocalScheduler(CpuPlatform()) as scheduler:
         start_fake(scheduler, engine, tmp_path / "fake.log")
         (address,) = engine.addresses
-        greedy = [greedy_request(p, 12) for p in PROMPTS]
-        assert [r.output_ids for r in generate_all(engine, greedy)] == [hf_greedy(base_model, p, 12) for p in PROMPTS]
-        for version in (1, 2):
-            merged = random_adapter(tmp_path / "base", tmp_path / f"v{version}", LORA, seed=version)
-            engine.pause()
-            engine.load_weights_from_disk(str(tmp_path / f"v{version}"), version)
-            engine.resume()
-            assert engine.adapter == f"areal-lora-v{version}"
-            responses = generate_all(engine, greedy)
-            assert [r.output_ids for r in responses] == [hf_greedy(merged, p, 12) for p in PROMPTS]
-            assert all(r.versions == [version] * 12 for r in responses)
-            sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))
-                       for i, p in enumerate(PROMPTS)]
-            assert_logprobs_under(merged, generate_all(engine, sampled), LOGPROB_ATOL)
-        assert [r.output_ids for r in responses] != [hf_greedy(base_model, p, 12) for p in PROMPTS]
+        check_adapter_updates(engine, tmp_path / "base", tmp_path, LORA, PROMPTS, LOGPROB_ATOL, lambda e: e.adapter)
         # v1 was unloaded: naming it fails as in SGLang
         status, reply = post(address, "/generate", {"input_ids": PROMPTS[0], "lora_path": "areal-lora-v1"}, engine.token)
         assert status == 400 and "not loaded: areal-lora-v1" in reply["error"]["message"]

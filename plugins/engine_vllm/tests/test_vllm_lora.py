@@ -16,17 +16,12 @@ from areal_engine_vllm.client import VLLMEngine  # noqa: E402
 from areal_engine_vllm.launch import max_lora_rank, server_command, server_env  # noqa: E402
 
 from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, load_config  # noqa: E402
-from areal_core.engine import GenerationRequest, SamplingParams  # noqa: E402
 from areal_core.errors import ArealError, ConfigError  # noqa: E402
 from areal_core.platform import CpuPlatform  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
-    assert_logprobs_under,
-    generate_all,
-    greedy_request,
-    hf_greedy,
+    check_adapter_updates,
     perturbed_model,
-    random_adapter,
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
@@ -63,24 +58,8 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
         engine = VLLMEngine(config, CpuPlatform())
         engine.launch_servers(scheduler)
         (address,) = engine.addresses
-        greedy = [greedy_request(p, 12) for p in PROMPTS]
-        assert [r.output_ids for r in generate_all(engine, greedy)] == [hf_greedy(base_model, p, 12) for p in PROMPTS]
-
-        loaded: list[str] = []
-        for version in (1, 2):
-            merged = random_adapter(base_dir, config.run_dir / "weights" / f"v{version}", LORA, seed=version)
-            engine.pause()
-            engine.load_weights_from_disk(str(config.run_dir / "weights" / f"v{version}"), version)
-            engine.resume()
-            loaded.append(engine.served_name)
-            responses = generate_all(engine, greedy)
-            assert [r.output_ids for r in responses] == [hf_greedy(merged, p, 12) for p in PROMPTS]
-            assert all(r.versions == [version] * 12 for r in responses)
-            sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))
-                       for i, p in enumerate(PROMPTS)]
-            assert_logprobs_under(merged, generate_all(engine, sampled), LOGPROB_ATOL)
-        assert loaded == ["areal-lora-v1", "areal-lora-v2"]
-        assert [r.output_ids for r in responses] != [hf_greedy(base_model, p, 12) for p in PROMPTS]
+        check_adapter_updates(engine, base_dir, config.run_dir / "weights", LORA, PROMPTS, LOGPROB_ATOL,
+                              lambda e: e.served_name)
         # the previous version's adapter is gone from the server
         with pytest.raises(ArealError, match="areal-lora-v1"):
             engine._broadcast("/v1/unload_lora_adapter", {"lora_name": "areal-lora-v1"})
