@@ -20,7 +20,16 @@ from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.base import free_port
 from areal_core.scheduler.local import LocalScheduler
-from areal_core.testing import generate_all, greedy_request, hf_greedy, load_model, perturbed_model
+from areal_core.testing import (
+    LoopThread,
+    assert_greedy_under,
+    generate_all,
+    greedy_request,
+    hf_greedy,
+    load_model,
+    pause_while_running,
+    perturbed_model,
+)
 from areal_core.train.engine import TrainEngine
 from test_train_controller import ADVANTAGES, controller, make_config, on_policy, raw_trajs
 from test_train_engine import make_batch, make_engine, model_path, process_group  # noqa: F401 - fixtures
@@ -218,6 +227,27 @@ def test_hf_server_takes_the_adapter_from_disk_and_through_its_channel(policy: P
         assert policy.engine.send_weights(2) is None
         served.commit_weights(2)
         policy.engine.close_weight_channel()
-        check_against_trainer(served, policy, policy.merged(tmp_path / "m2"), 2)
+        merged2 = policy.merged(tmp_path / "m2")
+        check_against_trainer(served, policy, merged2, 2)
+
+        policy.train(1)  # paused mid-generation, updated, resumed: one response over two versions
+        v3, n = policy.config.run_dir / "weights" / "v3", 300
+        policy.engine.save_hf(v3)
+        loop = LoopThread()
+        try:
+            future = pause_while_running(
+                served,
+                lambda: loop.submit(served.agenerate(greedy_request(PROMPTS[0], n))),
+                lambda: served.server_health()[0].running >= 1,
+            )
+            served.load_weights_from_disk(str(v3), 3)
+            served.resume()
+            resp = future.result(timeout=300)
+        finally:
+            loop.close()
+        switch = resp.versions.index(3)
+        assert 0 < switch < n and resp.versions == [2] * switch + [3] * (n - switch)
+        assert_greedy_under(merged2, PROMPTS[0], resp.output_ids[:switch])
+        assert_greedy_under(policy.merged(tmp_path / "m3"), PROMPTS[0] + resp.output_ids[:switch], resp.output_ids[switch:])
     finally:
         scheduler.stop_all()
