@@ -274,9 +274,11 @@ def test_save_hf_loads_back_with_transformers(process_group, model_path, tmp_pat
     assert tokenizer.decode(tokenizer("12+3=")["input_ids"]) == "12+3="
 
 
-def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, tmp_path):
+@pytest.mark.parametrize("lora", [(), ("actor.lora.rank=4", "actor.lora.alpha=8")], ids=["full", "lora"])
+def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, tmp_path, lora):
+    """Model (with LoRA: the adapter; the base comes from model.path), AdamW state, schedule, RNG."""
     overrides = ("actor.ppo_n_minibatches=2", "actor.optimizer.warmup_steps=3", "actor.optimizer.schedule=cosine",
-                 "total_train_steps=4")
+                 "total_train_steps=4", *lora)
     straight = make_engine(model_path, *overrides)
     trajs, adv = make_batch(straight)
     for _ in range(4):
@@ -297,6 +299,9 @@ def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, 
     expected, got = params(straight), params(resumed)
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
+    for want, have in zip(straight.optimizer.state.values(), resumed.optimizer.state.values(), strict=True):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(want[key].to_local(), have[key].to_local()), key
     assert attrs.asdict(straight.config) == attrs.asdict(resumed.config)
 
 

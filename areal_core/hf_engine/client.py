@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from areal_core.config import from_dict
+from areal_core.config import from_dict, to_dict
 from areal_core.engine import GenerationRequest
 from areal_core.engine_http import HTTPServerEngine, Segment
 from areal_core.errors import ArealError
@@ -53,6 +53,7 @@ class HFEngine(HTTPServerEngine):
     resume_route = "/continue"
     commit_route = "/commit_weights"
     rollback_route = "/rollback_weights"
+    channel_takes_adapter = True  # a server started with --lora stages and commits adapter tensors
 
     @classmethod
     def check_engine_args(cls, engine_args: dict[str, Any]) -> None:
@@ -70,6 +71,8 @@ class HFEngine(HTTPServerEngine):
         ]  # fmt: skip
         for key, value in self.config.rollout.engine_args.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
+        if self.config.actor.lora is not None:  # updates then carry the adapter alone
+            cmd += ["--lora", json.dumps(to_dict(self.config.actor.lora))]
         return ProcessSpec(
             name=f"hf_server{index}",
             cmd=cmd,
