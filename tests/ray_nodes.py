@@ -25,8 +25,10 @@ from areal_core.scheduler.base import free_port
 
 HEAD_IP = "127.0.0.3"
 RAY_START = [sys.executable, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats", "--object-store-memory=100000000"]
-# a dead node is noticed within ~3 s instead of the default ~15 s (GCS health checks)
-FAST_HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+# no OOM killing of our actors for the machine's load (this box is shared); on the head: a dead node
+# is noticed within ~3 s instead of the default ~15 s (GCS health checks)
+NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
+HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
 
 def node_ports() -> list[str]:
@@ -61,7 +63,7 @@ def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
            "--include-dashboard=false", f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
            *node_ports(), *resources(cpus, custom)]
     try:
-        started = subprocess.run(cmd, env={**os.environ, **FAST_HEALTH, MARK: mark}, capture_output=True, text=True,
+        started = subprocess.run(cmd, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
                                  timeout=180)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield address
@@ -79,7 +81,7 @@ def worker_node(address: str, ip: str, cpus: int, custom: dict[str, float], wrap
            *resources(cpus, custom)]
     log = Path(tempfile.mkstemp(prefix=f"ray-node-{ip}-", suffix=".log")[1])
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env={**os.environ, MARK: mark}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env={**os.environ, **NODE_ENV, MARK: mark}, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_node(address, ip, proc, log)
         yield mark
