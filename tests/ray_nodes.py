@@ -63,7 +63,7 @@ def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
            "--include-dashboard=false", f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
            *node_ports(), *resources(cpus, custom)]
     try:
-        started = subprocess.run(cmd, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
+        started = subprocess.run(cmd, check=False, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
                                  timeout=180)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield address
@@ -98,7 +98,7 @@ def wait_for_node(address: str, ip: str, proc: subprocess.Popen, log: Path, time
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
+        out = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120).stdout
         if out.strip().endswith("True"):
             return
         time.sleep(1)

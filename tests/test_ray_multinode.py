@@ -170,7 +170,7 @@ def test_a_dead_node_s_server_is_replaced_on_node_1_and_no_sample_is_lost(cluste
 
 def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(cluster, tmp_path, marks):
     """Node 4 runs in a mount namespace of its own where ``fileroot`` is another directory."""
-    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+    if subprocess.run(["unshare", "--mount", "true"], check=False, capture_output=True).returncode != 0:
         pytest.skip("needs `unshare --mount` (root) to give a node its own view of fileroot")
     fileroot, node_local = tmp_path / "runs", tmp_path / "node-local"
     fileroot.mkdir()
@@ -181,8 +181,8 @@ def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(clust
     with worker_node(cluster, ISOLATED_IP, 1, {"isolated": 1}, wrap=own_view):
         args = run_args(fileroot, "unshared", *RUN, "scheduler=ray", f"ray.address={cluster}",
                         "ray.server_resources={isolated: 1}", "rollout.server_startup_timeout=120")
-        proc = subprocess.run([*LAUNCHER, *args], env={**os.environ, MARK: mark}, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run([*LAUNCHER, *args], check=False, env={**os.environ, MARK: mark}, capture_output=True,
+                              text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("areal: error:")]
     assert f"fileroot: '{fileroot}' is not shared with node {ISOLATED_IP}" in line
