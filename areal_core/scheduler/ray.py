@@ -20,9 +20,9 @@ Liveness and stop go through the actor; an actor that died counts as a dead proc
 Addresses come from the node: the actor fills the spec's address placeholders
 (:data:`~areal_core.scheduler.base.BIND_HOST`, ``HOST``, ``PORT``) with ``cluster.bind_host`` or
 the node IP Ray reports, and a port free there; the handle advertises that node address. With
-``actor.weight_update=disk`` every process's node must see the controller's ``fileroot``: the
-controller writes a probe file in the run directory and each actor reads it before its process
-starts.
+``actor.weight_update=disk`` every process's node must see the controller's ``fileroot``: for a
+process on another node than the controller's, the controller writes a probe file in the run
+directory (once) and the actor reads it before its process starts.
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ class ProcessRunner:
         self.spec, self.env, self.cwd = spec, env, cwd
         self.devices_env, self.ray_key, self.bind_host = devices_env, ray_key, bind_host
         self.process: LocalProcess | None = None
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def reads(self, path: str, content: str) -> str | None:
         """None if ``path`` holds ``content`` on this node, else this node's IP address."""
@@ -193,6 +198,7 @@ class RayScheduler(Scheduler):
         if self._owns_connection:
             _connect(config)
         self.bind_host, self.host = node_addresses(config.cluster.bind_host, ray.util.get_node_ip_address())
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._probe: tuple[str, str] | None = None  # (path, content) written for disk weight updates
         ref = weakref.ref(self)
         atexit.register(lambda: ref() and ref().stop_all())
@@ -260,10 +266,11 @@ class RayScheduler(Scheduler):
 
     # ------------------------------------------------------------------ shared fileroot
     def _check_shared(self, actor: Any, name: str) -> None:
-        """With disk weight updates, the actor's node must read the controller's probe file."""
+        """With disk weight updates, an actor on another node must read the controller's probe file."""
         import ray
 
-        if self.config.actor.weight_update != "disk":
+        timeout = self.config.rollout.server_startup_timeout
+        if self.config.actor.weight_update != "disk" or ray.get(actor.node_id.remote(), timeout=timeout) == self._node_id:
             return
         if self._probe is None:
             path = self.config.run_dir.resolve() / PROBE_FILE
@@ -271,7 +278,7 @@ class RayScheduler(Scheduler):
             content = secrets.token_hex(16)
             path.write_text(content)
             self._probe = (str(path), content)
-        node = ray.get(actor.reads.remote(*self._probe), timeout=self.config.rollout.server_startup_timeout)
+        node = ray.get(actor.reads.remote(*self._probe), timeout=timeout)
         if node is not None:
             raise ConfigError(
                 "fileroot",
