@@ -7,6 +7,7 @@ a :class:`ConfigError` whose message starts with the dotted key at fault.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import types
 import typing
@@ -203,6 +204,20 @@ class RayConfig:
     address: str = "auto"  # "auto" = the cluster started by `ray start --head`; or "ray://host:port"
     namespace: str = "areal"
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # extra Ray resources each server / training worker bundle asks for, e.g. {"rollout": 1}: the role
+    # then lands only on nodes started with that resource (`ray start --resources='{"rollout": 4}'`)
+    server_resources: dict[str, float] = attrs.Factory(dict)
+    trainer_resources: dict[str, float] = attrs.Factory(dict)
+
+
+@frozen
+class ClusterConfig:
+    """Addresses of a run whose processes may sit on several machines (docs/scale-out.md)."""
+
+    # what servers, workers and the controller's listeners bind; empty: the node's own address (the
+    # node IP Ray reports under `scheduler: ray`, 127.0.0.1 under `local`); 0.0.0.0 binds every
+    # interface and advertises the node's address
+    bind_host: str = ""
 
 
 @frozen
@@ -218,7 +233,7 @@ class AgentConfig:
     """Agentic RL through the OpenAI-compatible proxy (:mod:`areal_core.agent`, docs/agents.md)."""
 
     command: list[str] = attrs.Factory(list)  # agent program run per sample; empty: an async function
-    host: str = "127.0.0.1"  # where the proxy listens
+    host: str = ""  # where the proxy listens; empty: the controller's address (cluster.bind_host)
     port: int = attrs.field(default=0, validator=[_ge(0), _le(65535)])  # 0 = any free port
     gamma: float = attrs.field(default=1.0, validator=[_gt(0), _le(1)])  # turn discount
     export: Literal["individual", "concat"] = "concat"  # one trajectory per completion, or per chain
@@ -249,6 +264,7 @@ class Config:
     saver: SaverConfig = attrs.Factory(SaverConfig)
     recover: RecoverConfig = attrs.Factory(RecoverConfig)
     ray: RayConfig = attrs.Factory(RayConfig)
+    cluster: ClusterConfig = attrs.Factory(ClusterConfig)
     stats: StatsConfig = attrs.Factory(StatsConfig)
     agent: AgentConfig = attrs.Factory(AgentConfig)
     plugins: dict[str, Any] = attrs.Factory(dict)  # free-form sections read by plugins
@@ -467,6 +483,7 @@ def check_config(config: Config) -> None:
             f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
             "clip-higher must be >= eps_clip",
         )
+    _check_cluster(config)
     from areal_core.hub import is_hub_id
 
     if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
@@ -508,3 +525,26 @@ def config_and_overrides(config: str | None, args: Sequence[str]) -> tuple[str |
     if stray:
         raise ConfigError("", f"{stray[0]!r} is not a key=value override; give the config file first, once")
     return config, args
+
+
+_ROLE_RESOURCE_KEYS = ("ray.server_resources", "ray.trainer_resources")
+
+
+def _check_cluster(config: Config) -> None:
+    """``cluster.bind_host`` is an IP address; role resources are positive custom Ray resources."""
+    host = config.cluster.bind_host
+    if host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(
+                "cluster.bind_host", f"{host!r} is not an IP address; give this node's IP, 0.0.0.0, or leave it empty"
+            ) from None
+    for key, resources in zip(_ROLE_RESOURCE_KEYS, (config.ray.server_resources, config.ray.trainer_resources)):
+        for name, amount in resources.items():
+            if name in ("CPU", "GPU", "NPU", "memory") or amount <= 0:
+                raise ConfigError(
+                    f"{key}.{name}",
+                    f"{amount!r} is not allowed; give a custom node resource with a positive amount, e.g. "
+                    '{"rollout": 1} (CPUs and devices come from threads_per_* and devices_per_server)',
+                )

@@ -35,7 +35,7 @@ import attrs
 from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.errors import ArealError, ConfigError
 from areal_core.http_json import post_json
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
+from areal_core.scheduler.base import BIND_HOST, PORT, ProcessHandle, ProcessSpec, log_tail
 from areal_core.scheduler.devices import server_devices
 from areal_core.weights import WeightUpdateError
 
@@ -220,8 +220,9 @@ class HTTPServerEngine(InferenceEngine):
         self._sessions: dict[asyncio.AbstractEventLoop, Any] = {}  # loop -> its client_session's aiohttp session
 
     @abc.abstractmethod
-    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
-        """How to start server ``index`` on ``port`` (its log goes under ``run_dir/logs``)."""
+    def server_spec(self, index: int, port: int | str, run_dir: Path, host: str = "127.0.0.1") -> ProcessSpec:
+        """How to start server ``index`` listening on ``host:port`` (its log goes under ``run_dir/logs``);
+        ``launch_servers`` passes the scheduler's placeholders, filled in on the server's node."""
 
     @abc.abstractmethod
     def server_is_up(self, address: str) -> bool:
@@ -243,12 +244,11 @@ class HTTPServerEngine(InferenceEngine):
         run_dir = self.config.run_dir.resolve()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         index, self._started = self._started, self._started + 1
-        port = free_port()
-        spec = self.server_spec(index, port, run_dir)
+        spec = attrs.evolve(self.server_spec(index, PORT, run_dir, host=BIND_HOST), role="server")
         if not spec.devices:
             spec = attrs.evolve(spec, devices=server_devices(self.config, self.platform, device_slot))
-        address = f"127.0.0.1:{port}"
         handle = scheduler.start(spec)
+        address = f"{handle.host}:{handle.port}"  # where the other nodes reach it
         self._handles[address], self._device_slots[address] = handle, device_slot
         self._processes.append(handle)
         return address, handle, Path(spec.log_file or "")

@@ -23,6 +23,9 @@ class WeightUpdateError(ArealError):
 class TrainerHandle(Protocol):
     """What a weight updater may ask of the training workers (all ranks act together)."""
 
+    #: The address of trainer rank 0's node, where the weight channel's rendezvous is hosted.
+    rendezvous_host: str
+
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face model directory (weights, config, tokenizer) at ``path``."""
         ...

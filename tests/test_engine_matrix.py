@@ -187,6 +187,8 @@ class InProcessTrainer:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return ((name, p.detach().to(self.device)) for name, p in self.model.named_parameters())
 
+    rendezvous_host = "127.0.0.1"  # this process hosts the channel's rendezvous
+
     def open_weight_channel(self, spec: ChannelSpec) -> None:
         if self.device.type == "cpu" and spec.backend in ("nccl", "hccl"):  # one GPU (see _xccl_platform):
             spec = attrs.evolve(spec, backend="gloo")  # the engine's nccl cannot reach a CPU trainer

@@ -94,6 +94,8 @@ class FaultyTrainer:
                 fault()
             yield name, param.detach()
 
+    rendezvous_host = "127.0.0.1"  # this process hosts the channel's rendezvous
+
     def open_weight_channel(self, spec: ChannelSpec) -> None:
         self._channel = open_channel(spec, rank=0, device=torch.device("cpu"))
         self._as_areal_error(self._channel.join)

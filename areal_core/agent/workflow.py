@@ -158,7 +158,7 @@ def agent_workflow(agent: AgentFn | None = None) -> WorkflowFactory:
 
             raise ConfigError("agent.command", "is empty; set the agent program to run or pass an agent function")
         workflow = AgentWorkflow(
-            ProxyServer(proxy, config.agent.host, config.agent.port),
+            ProxyServer(proxy, config.agent.host or planes.scheduler.bind_host, config.agent.port),
             agent if agent is not None else command,
             n_samples=config.gconfig.n_samples,
             gamma=config.agent.gamma,

@@ -1,4 +1,4 @@
-"""Built-in inference engine: ``hf`` (a transformers generation server on 127.0.0.1)."""
+"""Built-in inference engine: ``hf`` (a transformers generation server on its node's address)."""
 
 from areal_core import hookimpl
 

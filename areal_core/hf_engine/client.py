@@ -60,10 +60,11 @@ class HFEngine(HTTPServerEngine):
         from_dict(engine_args, HFEngineArgs, "rollout.engine_args")
 
     # ---------------------------------------------------------------- servers
-    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+    def server_spec(self, index: int, port: int | str, run_dir: Path, host: str = "127.0.0.1") -> ProcessSpec:
         cmd = [
             sys.executable, "-m", "areal_core.hf_engine.server",
             "--model", self.config.model.path,
+            "--host", host,
             "--port", str(port),
             "--dtype", self.config.model.dtype,
             "--allowed-root", str(run_dir),

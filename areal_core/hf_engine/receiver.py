@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from areal_core.hf_engine.protocol import ReceiveWeightsBody, WeightGroupBody
+from areal_core.scheduler.base import NODE_HOST_ENV
 from areal_core.train.lora import adapter_parameters, has_adapter
 from areal_core.weight_channel import bucket_nbytes, unflatten_bucket
 
@@ -222,11 +224,19 @@ class WeightGroup:
 def join_gloo_group(
     master_addr: str, master_port: int, group_name: str, rank: int, world_size: int, timeout_s: float
 ) -> tuple[Any, Any]:
-    """Join gloo group ``group_name`` as ``rank`` at the TCPStore rank 0 hosts; ``(group, store)``."""
+    """Join gloo group ``group_name`` as ``rank`` at the TCPStore rank 0 hosts; ``(group, store)``.
+
+    Gloo listens on this node's address (``AREAL_NODE_HOST``, set by the scheduler), else on the
+    address the host name resolves to."""
     import datetime
 
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
-    return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, timeout), store
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    node_host = os.environ.get(NODE_HOST_ENV)
+    device = dist.ProcessGroupGloo.create_device(hostname=node_host) if node_host else None
+    options._devices = [device or dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, options), store

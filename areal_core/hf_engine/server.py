@@ -1,6 +1,6 @@
 """The hf generation server: ``python -m areal_core.hf_engine.server --model DIR --port N ...``.
 
-An aiohttp app on 127.0.0.1 in front of a :class:`Generator`. ``GET /health`` is open; every
+An aiohttp app on ``--host`` (127.0.0.1 by default) in front of a :class:`Generator`. ``GET /health`` is open; every
 other endpoint needs ``Authorization: Bearer $AREAL_SERVER_TOKEN``. Bodies are the attrs classes
 of :mod:`areal_core.hf_engine.protocol`; errors are ``{"error": "..."}`` with status 400/401/409.
 """
@@ -269,6 +269,7 @@ def run_generator_with(app: web.Application, generator: Generator) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--allowed-root", required=True, help="only weights under this directory may be loaded")
@@ -281,8 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         parser.error(f"set {TOKEN_ENV} to the bearer token clients will send")
-    log.info("loading %s (%s), serving on 127.0.0.1:%d", args.model, args.dtype, args.port)
-    web.run_app(build_app(args, token), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    log.info("loading %s (%s), serving on %s:%d", args.model, args.dtype, args.host, args.port)
+    web.run_app(build_app(args, token), host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -21,4 +21,4 @@ def make_scheduler(config: Config, platform: Platform) -> Scheduler:
         return RayScheduler(config, platform)
     from areal_core.scheduler.local import LocalScheduler
 
-    return LocalScheduler(platform)
+    return LocalScheduler(platform, config.cluster.bind_host)

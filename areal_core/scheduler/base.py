@@ -20,6 +20,41 @@ class ProcessSpec:
     threads: int = 1  # CPU threads the process may use (OMP/MKL/torch)
     devices: tuple[int, ...] = ()  # accelerator indices, exposed via platform.visible_devices_env
     log_file: str | None = None  # stdout+stderr go here when set
+    role: str = ""  # "server" or "trainer": the ray scheduler adds that role's node resources
+
+
+#: Placeholders in a spec's arguments and environment values, filled in on the node the process runs
+#: on: the address to bind (``cluster.bind_host``, else the node's), the address other nodes reach
+#: it at, and a port that was free there. The handle reports the last two as ``host`` and ``port``.
+BIND_HOST = "{areal:bind_host}"
+HOST = "{areal:host}"
+PORT = "{areal:port}"
+NODE_HOST_ENV = "AREAL_NODE_HOST"  # every process learns its node's advertised address here
+_WILDCARDS = ("0.0.0.0",)
+
+
+def node_addresses(bind_host: str, node_ip: str) -> tuple[str, str]:
+    """``(bind, advertised)`` on a node whose own address is ``node_ip``: ``bind_host`` if set (a
+    wildcard is advertised as ``node_ip``), else ``node_ip`` for both."""
+    if not bind_host:
+        return node_ip, node_ip
+    return bind_host, node_ip if bind_host in _WILDCARDS else bind_host
+
+
+def fill_addresses(spec: ProcessSpec, bind: str, advertised: str) -> tuple[ProcessSpec, int | None]:
+    """``spec`` with the address placeholders filled in and :data:`NODE_HOST_ENV` set, and the port
+    chosen (None if not asked for)."""
+    texts = [*spec.cmd, *spec.env.values()]
+    port = free_port(bind) if any(PORT in text for text in texts) else None
+    values = {BIND_HOST: bind, HOST: advertised, PORT: str(port)}
+
+    def fill(text: str) -> str:
+        for placeholder, value in values.items():
+            text = text.replace(placeholder, value)
+        return text
+
+    filled = attrs.evolve(spec, cmd=[fill(a) for a in spec.cmd], env={NODE_HOST_ENV: advertised, **{k: fill(v) for k, v in spec.env.items()}})
+    return filled, port
 
 
 class ProcessDiedError(ProcessFailedError):
@@ -29,6 +64,8 @@ class ProcessDiedError(ProcessFailedError):
 class ProcessHandle(abc.ABC):
     name: str
     log_file: str | None = None
+    host: str = "127.0.0.1"  # the address other nodes reach the process at
+    port: int | None = None  # the port chosen for its PORT placeholder
 
     @abc.abstractmethod
     def alive(self) -> bool: ...
@@ -42,6 +79,10 @@ class ProcessHandle(abc.ABC):
 
 
 class Scheduler(abc.ABC):
+    #: What the controller's own listeners bind, and the address processes reach them at.
+    bind_host: str = "127.0.0.1"
+    host: str = "127.0.0.1"
+
     @abc.abstractmethod
     def start(self, spec: ProcessSpec) -> ProcessHandle: ...
 

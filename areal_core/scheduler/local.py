@@ -13,17 +13,20 @@ from typing import Mapping, Sequence
 
 from areal_core.errors import ArealError
 from areal_core.platform import Platform
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
+from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, fill_addresses, node_addresses
 from areal_core.scheduler.devices import physical_devices
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "AREAL_NUM_THREADS")
 
 
 class LocalProcess(ProcessHandle):
-    def __init__(self, name: str, popen: subprocess.Popen, log_file: str | None) -> None:
+    def __init__(
+        self, name: str, popen: subprocess.Popen, log_file: str | None, host: str = "127.0.0.1", port: int | None = None
+    ) -> None:
         self.name = name
         self.popen = popen
         self.log_file = log_file
+        self.host, self.port = host, port
 
     @property
     def pid(self) -> int:
@@ -96,10 +99,13 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 class LocalScheduler(Scheduler):
-    """Starts processes on this machine; an ``atexit`` hook stops any left running."""
+    """Starts processes on this machine; an ``atexit`` hook stops any left running.
 
-    def __init__(self, platform: Platform) -> None:
+    Listeners bind ``bind_host`` (``cluster.bind_host``; empty: 127.0.0.1, this machine only)."""
+
+    def __init__(self, platform: Platform, bind_host: str = "") -> None:
         self.platform = platform
+        self.bind_host, self.host = node_addresses(bind_host, "127.0.0.1")
         self.processes: list[LocalProcess] = []  # stop_all() stops them in start order
         ref = weakref.ref(self)
         atexit.register(lambda: ref() and ref().stop_all())
@@ -114,8 +120,9 @@ class LocalScheduler(Scheduler):
                 devices = physical_devices(spec.devices, visible, var, count)
             except ArealError as exc:
                 raise ArealError(f"cannot start {spec.name}: {exc}") from None
+        spec, port = fill_addresses(spec, self.bind_host, self.host)
         popen = spawn(spec, os.environ, var, devices)
-        handle = LocalProcess(spec.name, popen, spec.log_file)
+        handle = LocalProcess(spec.name, popen, spec.log_file, self.host, port)
         self.processes.append(handle)
         return handle
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.errors import ArealError, ProcessFailedError
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
+from areal_core.scheduler.base import HOST, PORT, ProcessHandle, ProcessSpec, Scheduler, log_tail
 from areal_core.scheduler.devices import trainer_devices
 from areal_core.train.worker import (
     AUTHKEY_ENV,
@@ -96,16 +96,19 @@ class TrainController:
         if self.handles:
             raise RuntimeError("TrainController.start() was already called; create a new controller to restart")
         authkey = os.urandom(16)
-        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        host, port = self._listener.address
+        self._listener = Listener((self.scheduler.bind_host, 0), authkey=authkey)
+        host, port = self.scheduler.host, self._listener.address[1]
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        # rank 0 hosts the rendezvous on its node: the others learn where once it is placed
         env = {
             AUTHKEY_ENV: authkey.hex(),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
+            "MASTER_ADDR": HOST,
+            "MASTER_PORT": PORT,
             "AREAL_ACTIVE_PLATFORM": self.platform.name,
         }
         for rank in range(self.world_size):
+            if rank == 1:
+                env = {**env, "MASTER_ADDR": self.handles[0].host, "MASTER_PORT": str(self.handles[0].port)}
             spec = ProcessSpec(
                 name=f"trainer{rank}",
                 cmd=[
@@ -116,6 +119,7 @@ class TrainController:
                 threads=self.config.actor.threads_per_worker,
                 devices=trainer_devices(self.config, self.platform, rank),
                 log_file=str(self.log_file(rank)),
+                role="trainer",
             )
             self.handles.append(self.scheduler.start(spec))
         try:
@@ -238,6 +242,13 @@ class TrainController:
         self.step = self._call(LoadCheckpoint(str(path)))
 
     # ------------------------------------------------------------------ collective weight path
+    @property
+    def rendezvous_host(self) -> str:
+        """Rank 0's address: it hosts the weight channel's rendezvous (its TCPStore)."""
+        if not self.handles:
+            raise RuntimeError("the training workers are not running; call start() first")
+        return self.handles[0].host
+
     def open_weight_channel(self, spec: ChannelSpec) -> None:
         """Every rank opens the engine's weight channel; rank 0 joins the servers' group (blocks
         until all members joined)."""

@@ -79,11 +79,11 @@ class SGLangEngine(HTTPServerEngine):
         require_sglang()
         return super().launch_servers(scheduler)
 
-    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+    def server_spec(self, index: int, port: int | str, run_dir: Path, host: str = "127.0.0.1") -> ProcessSpec:
         seed = self.config.seed + index
         return ProcessSpec(
             name=f"sglang_server{index}",
-            cmd=[sys.executable, *server_command(self.config, port, seed=seed, token=self.token)],
+            cmd=[sys.executable, *server_command(self.config, port, seed=seed, token=self.token, host=host)],
             env=server_env(self.platform),
             threads=self.config.rollout.threads_per_server,
             log_file=str(run_dir / "logs" / f"sglang_server{index}.log"),

@@ -1,6 +1,6 @@
 """The command line and environment of one SGLang server process (started by our scheduler).
 
-``python -m sglang.launch_server`` on 127.0.0.1 with ``--api-key`` (SGLang then requires the
+``python -m sglang.launch_server`` on the node's address with ``--api-key`` (SGLang then requires the
 bearer token on every route but ``/health``, ``/ready`` and ``/metrics``) and ``--weight-version 0``
 (replies carry integer versions). ``rollout.engine_args`` adds or overrides any SGLang flag:
 ``{"mem_fraction_static": 0.5}`` -> ``--mem-fraction-static 0.5``; ``true`` -> a bare flag;
@@ -34,11 +34,12 @@ def require_sglang() -> None:
         )
 
 
-def server_command(config: Config, port: int, seed: int, token: str) -> list[str]:
-    """Arguments after the Python executable (SGLang reads its API key from the command line only)."""
+def server_command(config: Config, port: int | str, seed: int, token: str, host: str = "127.0.0.1") -> list[str]:
+    """Arguments after the Python executable (SGLang reads its API key from the command line only);
+    ``host``/``port`` are what the server binds (or the scheduler's placeholders for them)."""
     flags: dict[str, Any] = {
         "model-path": config.model.path,
-        "host": "127.0.0.1",
+        "host": host,
         "port": port,
         "dtype": config.model.dtype,
         "random-seed": seed,

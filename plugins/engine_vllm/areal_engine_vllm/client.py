@@ -69,10 +69,10 @@ class VLLMEngine(HTTPServerEngine):
         return transfer_backend(self.platform.device_type)
 
     # ---------------------------------------------------------------- servers
-    def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
+    def server_spec(self, index: int, port: int | str, run_dir: Path, host: str = "127.0.0.1") -> ProcessSpec:
         return ProcessSpec(
             name=f"vllm_server{index}",
-            cmd=[sys.executable, *server_command(self.config, port, self.config.seed + index, self.transfer_backend)],
+            cmd=[sys.executable, *server_command(self.config, port, self.config.seed + index, self.transfer_backend, host)],
             env=server_env(self.platform, self.token, run_dir, lora=self.config.actor.lora is not None),
             threads=self.config.rollout.threads_per_server,
             log_file=str(run_dir / "logs" / f"vllm_server{index}.log"),

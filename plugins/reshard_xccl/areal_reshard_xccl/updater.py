@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Where trainer rank 0 hosts the channel's rendezvous (servers and trainers share one host today).
-RENDEZVOUS_HOST = "127.0.0.1"
-
-
 class XcclWeightUpdater(WeightUpdater):
     """Sends the trainer's weights through the engine's weight channel, then commits them."""
 
@@ -68,7 +64,9 @@ class XcclWeightUpdater(WeightUpdater):
         self._close()
         self._opened += 1
         assert isinstance(engine, SupportsWeightChannel)  # checked by connect
-        spec = engine.weight_channel(RENDEZVOUS_HOST, free_port(), f"areal_weights_{self._opened}")
+        # trainer rank 0 hosts the rendezvous on its node; the port was free on the controller's (a race
+        # with the trainer node's own sockets remains, as with any port picked ahead of use)
+        spec = engine.weight_channel(trainer.rendezvous_host, free_port(), f"areal_weights_{self._opened}")
         start = time.perf_counter()
         self._members = spec.servers
         self._on_trainer(trainer.open_weight_channel, spec, failure=f"xccl weight group {spec.group_name!r} could not be set up")

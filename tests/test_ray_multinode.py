@@ -1,0 +1,191 @@
+"""The quickstart on a real two-node Ray cluster on this machine (docs/scale-out.md, multi-node).
+
+Node 1 is the head (127.0.0.3: Ray replaces 127.0.0.1 by the machine's outward IP) with
+``{"train": 1, "spot": 1}``, node 2 is a second raylet at 127.0.0.2 with ``{"rollout": 1}``.
+With servers on ``{"rollout": 1}`` and the trainer on ``{"train": 1}`` the server must land on
+node 2 and the trainer on node 1. With
+``AREAL_TEST_RAY_MULTINODE=HEAD:PORT`` (``.ci/run`` starts that layout) the tests use that
+cluster; otherwise a module fixture starts one. Tests that lose a node add a node of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from quickstart_runs import LAUNCHER, MARK, marked_pids, run_args, start, wait_until
+from ray_nodes import HEAD_IP, head, node_of, raylet_pid, worker_node
+
+from areal_core.control import control_call
+from areal_core.rollout.ledger import audit, read_ledger
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+NODE2_IP = "127.0.0.2"
+DOOMED_IP = "127.0.0.4"  # a node a test adds, then loses
+ISOLATED_IP = "127.0.0.5"  # a node a test adds with its own view of the filesystem
+HEAD_RESOURCES = {"train": 1, "spot": 1}  # spot: the spare that replaces a lost node's server
+PLACED = ["ray.server_resources={rollout: 1}", "ray.trainer_resources={train: 1}"]
+RUN = ["total_train_steps=3", "train_dataset.size=24", "train_dataset.batch_size=4", "stats.eval_every=0"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    if os.environ.get("AREAL_TEST_RAY_MULTINODE"):
+        yield os.environ["AREAL_TEST_RAY_MULTINODE"]
+        return
+    with head(4, HEAD_RESOURCES) as address, worker_node(address, NODE2_IP, 2, {"rollout": 1}):
+        yield address
+
+
+def launch(root: Path, trial: str, address: str, mark: str, *extra: str) -> subprocess.Popen:
+    args = run_args(root, trial, *RUN, "scheduler=ray", f"ray.address={address}", *extra)
+    return start([*LAUNCHER, *args], mark)
+
+
+def placement(mark: str, pattern: bytes) -> dict[int, tuple[tuple[str, str] | None, set[str]]]:
+    """Marked processes whose command line holds ``pattern``: pid -> (their node, listening IPs)."""
+    found = {}
+    for pid in marked_pids(mark):
+        try:
+            if pattern not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            listens = {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"}
+        except (OSError, psutil.Error):
+            continue
+        found[pid] = (node_of(pid), listens)
+    return found
+
+
+def finish(proc: subprocess.Popen, mark: str) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")
+    return out
+
+
+def steps_done(run_dir: Path) -> int:
+    stats = run_dir / "stats.jsonl"
+    return len(stats.read_text().splitlines()) if stats.exists() else 0
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [row for row in read_ledger(run_dir / "ledger.jsonl") if row["event"] == kind]
+
+
+def ledger_is_clean(run_dir: Path, episodes: int) -> None:
+    result = audit(read_ledger(run_dir / "ledger.jsonl"))
+    assert result.problems() == [] and sum(result.consumed.values()) == episodes
+
+
+@pytest.mark.parametrize("weight_update", ["disk", "xccl"])
+def test_servers_on_node_2_trainer_on_node_1_every_address_routable(cluster, tmp_path, marks, weight_update):
+    mark = marks()
+    run_dir = tmp_path / "quickstart" / weight_update
+    proc = launch(tmp_path, weight_update, cluster, mark, *PLACED, f"actor.weight_update={weight_update}")
+    seen: dict[str, dict] = {}
+
+    def observe() -> bool:
+        seen["server"] = placement(mark, b"areal_core.hf_engine.server")
+        seen["trainer"] = placement(mark, b"areal_core.train.worker")
+        return (all(listens for _, listens in seen["server"].values()) and seen["server"] and seen["trainer"]
+                and (run_dir / "control.json").exists()) or proc.poll() is not None
+
+    wait_until(observe, 300, "the server listening and the trainer up")
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    members = control_call(run_dir, "GET", "/servers")
+    out = finish(proc, mark)
+
+    ((server_node, server_listens),) = seen["server"].values()
+    ((trainer_node, _),) = seen["trainer"].values()
+    assert server_node[0] == NODE2_IP and trainer_node[0] == HEAD_IP, (server_node, trainer_node)
+    assert server_node[1] != trainer_node[1]  # Ray node ids
+    assert server_listens == {NODE2_IP}  # binds the node's address, never 127.0.0.1 or 0.0.0.0
+    addresses = [s["address"] for s in members["servers"]]
+    assert addresses and all(a.startswith(f"{NODE2_IP}:") for a in addresses), members  # advertised
+    assert "final model" in out
+    ledger_is_clean(run_dir, 3 * 4)  # steps x prompts (an episode is a prompt's group)
+
+
+@contextlib.contextmanager
+def holding(address: str, shape: dict[str, float]) -> Iterator[Callable[[], None]]:
+    """A placement group of one ``shape`` bundle, held by a driver of its own; yields its release."""
+    driver = textwrap.dedent(f"""
+        import sys, ray
+        from ray.util.placement_group import placement_group
+        ray.init(address={address!r}, log_to_driver=False)
+        ray.get(placement_group([{shape!r}]).ready(), timeout=120)
+        print("held", flush=True)
+        sys.stdin.read()  # the group goes with this driver
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def release() -> None:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(60)
+
+    try:
+        assert any(line.strip() == "held" for line in proc.stdout), "the spare could not be held"
+        yield release
+    finally:
+        release()
+
+
+def test_a_dead_node_s_server_is_replaced_on_node_1_and_no_sample_is_lost(cluster, tmp_path, marks):
+    """Node 3 holds the only server; node 1's spare ``spot`` is held until the run is up (else Ray
+    would pack the server next to the trainer). Node 3's raylet is killed mid-run."""
+    mark = marks()
+    run_dir = tmp_path / "quickstart" / "lost-node"
+    with worker_node(cluster, DOOMED_IP, 1, {"spot": 1}) as node3, holding(cluster, {"spot": 1, f"node:{HEAD_IP}": 0.01}) as release_spare:
+        proc = launch(tmp_path, "lost-node", cluster, mark, "ray.server_resources={spot: 1}",
+                      "ray.trainer_resources={train: 1}", "rollout.restart_failed=true",
+                      "rollout.health_check_interval=1", "total_train_steps=20")  # synchronous: the kill
+        # lands with most steps' rollouts still to generate (a step takes well under a second)
+        wait_until(lambda: steps_done(run_dir) >= 1 or proc.poll() is not None, 300, "step 1")
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        ((before, _),) = placement(mark, b"areal_core.hf_engine.server").values()
+        assert before[0] == DOOMED_IP
+        release_spare()
+        os.kill(raylet_pid(node3), signal.SIGKILL)  # the node is gone with its server
+        killed_at = time.time()
+        finish(proc, mark)
+
+    ledger_is_clean(run_dir, 20 * 4)
+    (lost,) = events(run_dir, "server_lost")
+    (added,) = events(run_dir, "server_added")
+    assert lost["address"].startswith(f"{DOOMED_IP}:") and added["address"].startswith(f"{HEAD_IP}:")
+    print(f"\nnode lost -> server_lost {lost['t'] - killed_at:.1f}s, replacement added {added['t'] - killed_at:.1f}s")
+
+
+def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(cluster, tmp_path, marks):
+    """Node 4 runs in a mount namespace of its own where ``fileroot`` is another directory."""
+    if subprocess.run(["unshare", "--mount", "true"], check=False, capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare --mount` (root) to give a node its own view of fileroot")
+    fileroot, node_local = tmp_path / "runs", tmp_path / "node-local"
+    fileroot.mkdir()
+    node_local.mkdir()
+    own_view = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(node_local), str(fileroot)]
+    mark = marks()
+    with worker_node(cluster, ISOLATED_IP, 1, {"isolated": 1}, wrap=own_view):
+        args = run_args(fileroot, "unshared", *RUN, "scheduler=ray", f"ray.address={cluster}",
+                        "ray.server_resources={isolated: 1}", "rollout.server_startup_timeout=120")
+        proc = subprocess.run([*LAUNCHER, *args], check=False, env={**os.environ, MARK: mark}, capture_output=True,
+                              text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("areal: error:")]
+    assert f"fileroot: '{fileroot}' is not shared with node {ISOLATED_IP}" in line
+    assert line.endswith("use a shared filesystem or actor.weight_update=xccl")
+    assert not list(node_local.iterdir())  # nothing written where the node looked
+    wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")
