@@ -1,9 +1,10 @@
 """HFEngine: the client of hf generation servers (see :mod:`areal_core.hf_engine.server`).
 
-``agenerate``/``agenerate_group`` run on the rollout controller's event loop (a background thread);
-a group's unfinished requests go to one server in one ``/generate_batch`` call per segment. Control calls (``pause``, ``load_weights_from_disk``, ...) come from the main
-thread and use blocking HTTP, fanned out to every server in parallel. A pause gate shared by
-both sides holds generation between ``pause()`` and ``resume()``.
+``agenerate``/``agenerate_group`` run on the rollout controller's event loop (a background
+thread); a group's unfinished requests go to one server in one ``/generate_batch`` call per
+segment. Control calls (``pause``, ``load_weights_from_disk``, ...) come from the main thread and
+use blocking HTTP, fanned out to every server in parallel. A pause gate shared by both sides
+holds generation between ``pause()`` and ``resume()``.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class HFEngine(HTTPServerEngine):
             if resp.status != 200:
                 raise ArealError(f"hf server {address} /generate_batch failed ({resp.status}): {data.get('error', data)}")
         if not isinstance(data, list) or len(data) != len(calls):
-            raise ArealError(f"hf server {address} /generate_batch answered {len(data)} results for {len(calls)} requests")
+            raise ArealError(f"hf server {address} /generate_batch answered {data!r:.200} to {len(calls)} requests")
         results = [from_json(GenerateResult, item) for item in data]
         return [
             Segment(output_ids=r.output_ids, logprobs=r.logprobs, versions=r.versions, stop_reason=r.stop_reason)

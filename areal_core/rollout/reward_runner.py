@@ -21,9 +21,9 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -49,7 +49,7 @@ class RewardStats:
 
 
 def _worker_main(conn: Connection, fn_bytes: bytes) -> None:
-    """Worker loop: unpickle the reward, report ready, then answer one job per message."""
+    """Worker loop: unpickle the reward, report ready, then answer each message (a list of jobs) job by job."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         fn = pickle.loads(fn_bytes)
@@ -59,12 +59,12 @@ def _worker_main(conn: Connection, fn_bytes: bytes) -> None:
     conn.send((True, None))
     while True:
         try:
-            job = conn.recv()
+            jobs = conn.recv()
         except EOFError:  # the parent is gone
             return
-        if job is None:
+        if jobs is None:
             return
-        for prompt, completion, data in job:  # a batch; one reply per item, as each is done
+        for prompt, completion, data in jobs:  # one reply per job, as each is done
             try:
                 value = call_reward(fn, prompt, completion, data)
                 reply = (True, value) if math.isfinite(value) else (False, f"returned {value}")
