@@ -9,6 +9,7 @@ response can carry tokens from two weight versions.
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import uuid
 from contextlib import AbstractAsyncContextManager
@@ -85,6 +86,15 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         """Generate to completion, surviving pauses (see module docstring)."""
+
+    async def agenerate_group(self, requests: Sequence[GenerationRequest]) -> list[GenerationResponse]:
+        """``agenerate`` every request (e.g. the ``n`` samples of one prompt), responses in order.
+
+        Each response is what ``agenerate`` would give (per-token versions, surviving pauses);
+        engines whose servers take many requests in one call override this to make one round
+        trip per group.
+        """
+        return list(await asyncio.gather(*(self.agenerate(r) for r in requests)))
 
     def client_session(self) -> AbstractAsyncContextManager[None]:
         """Inside it, ``agenerate`` calls on the running loop share one client session

@@ -188,6 +188,64 @@ class Segment:
     stop_reason: str  # "stop", "length" or "abort"
 
 
+@attrs.frozen(kw_only=True)
+class SegmentCall:
+    """One request's next segment: continue ``request`` after its ``generated`` tokens;
+    ``attempt`` counts the segments it had before."""
+
+    request: GenerationRequest
+    generated: list[int]
+    attempt: int
+
+
+SegmentFn = Callable[..., Awaitable[Segment]]
+
+
+async def one_call_each(generate_segment: SegmentFn, session: Any, address: str, calls: list[SegmentCall]) -> list[Segment]:
+    """``_generate_segments`` for a server that takes one request per call: the calls run
+    concurrently, each as ``generate_segment(session, address, request=, generated=, attempt=)``."""
+    return list(
+        await asyncio.gather(
+            *(
+                generate_segment(session, address, request=c.request, generated=c.generated, attempt=c.attempt)
+                for c in calls
+            )
+        )
+    )
+
+
+@attrs.define
+class _Partial:
+    """A request's output so far, segment by segment."""
+
+    request: GenerationRequest
+    output_ids: list[int] = attrs.Factory(list)
+    logprobs: list[float] = attrs.Factory(list)
+    versions: list[int] = attrs.Factory(list)
+    stop_reason: str = "abort"  # none yet: as if aborted before it began
+    attempt: int = 0
+    latency: float = 0.0  # seconds from the group's start to this request's last segment
+
+    def unfinished(self) -> bool:
+        return self.stop_reason == "abort" and len(self.output_ids) < self.request.sampling.max_new_tokens
+
+    def add(self, segment: Segment, latency: float) -> None:
+        self.output_ids += segment.output_ids
+        self.logprobs += segment.logprobs
+        self.versions += segment.versions
+        self.stop_reason, self.attempt, self.latency = segment.stop_reason, self.attempt + 1, latency
+
+    def response(self) -> GenerationResponse:
+        return GenerationResponse(
+            input_ids=list(self.request.input_ids),
+            output_ids=self.output_ids,
+            logprobs=self.logprobs,
+            versions=self.versions,
+            stop_reason="stop" if self.stop_reason == "stop" else "length",
+            latency=self.latency,
+        )
+
+
 class HTTPServerEngine(InferenceEngine):
     """Client half shared by engines whose servers speak HTTP (``hf``, ``vllm``): a bearer token,
     server addresses, request pinning, the pause gate, parallel control calls, and launching
@@ -385,35 +443,28 @@ class HTTPServerEngine(InferenceEngine):
             self.on_event(kind, fields)
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        """Generate in segments: a segment aborted by ``pause()`` is continued after ``resume()``
+        (response,) = await self.agenerate_group([request])
+        return response
+
+    async def agenerate_group(self, requests: Sequence[GenerationRequest]) -> list[GenerationResponse]:
+        """Generate in segments, the whole group on one server and each segment one call for the
+        unfinished requests: a segment aborted by ``pause()`` is continued after ``resume()``
         (prompt + output so far, the remaining budget), and one on a lost server re-runs on a live
-        one, so the response may span weight versions and servers."""
+        one, so a response may span weight versions and servers."""
+        if not requests:
+            return []
         start = time.monotonic()
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        stop_reason, attempt = "length", 0
+        parts = [_Partial(request) for request in requests]
         shared = self._sessions.get(asyncio.get_running_loop())
         async with contextlib.nullcontext(shared) if shared is not None else self._new_session() as session:
-            while len(output_ids) < request.sampling.max_new_tokens:
+            while active := [p for p in parts if p.unfinished()]:
                 await self._gate.wait()
-                generated = list(output_ids)
-                call = functools.partial(self._generate_segment, session, request=request, generated=generated, attempt=attempt)
-                segment = await self._on_live_server(request.request_id, call)
-                output_ids += segment.output_ids
-                logprobs += segment.logprobs
-                versions += segment.versions
-                stop_reason, attempt = segment.stop_reason, attempt + 1
-                if stop_reason != "abort":
-                    break
-        return GenerationResponse(
-            input_ids=list(request.input_ids),
-            output_ids=output_ids,
-            logprobs=logprobs,
-            versions=versions,
-            stop_reason="stop" if stop_reason == "stop" else "length",
-            latency=time.monotonic() - start,
-        )
+                calls = [SegmentCall(request=p.request, generated=list(p.output_ids), attempt=p.attempt) for p in active]
+                call = functools.partial(self._generate_segments, session, calls=calls)
+                segments = await self._on_live_server(requests[0].request_id, call)
+                for part, segment in zip(active, segments):
+                    part.add(segment, time.monotonic() - start)
+        return [part.response() for part in parts]
 
     def _new_session(self) -> Any:
         import aiohttp
@@ -435,11 +486,10 @@ class HTTPServerEngine(InferenceEngine):
                 del self._sessions[loop]
 
     @abc.abstractmethod
-    async def _generate_segment(
-        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
-    ) -> Segment:
-        """Continue ``request`` after its ``generated`` tokens on the server at ``address`` (an
-        aiohttp ``session`` carries the auth headers); ``attempt`` counts this request's segments."""
+    async def _generate_segments(self, session: Any, address: str, *, calls: list[SegmentCall]) -> list[Segment]:
+        """The next segment of every call, in order, on the server at ``address`` (an aiohttp
+        ``session`` carries the auth headers). Engines whose server takes one request per call
+        use :func:`one_call_each`."""
 
     async def _on_live_server(self, request_id: str, call: Callable[[str], Awaitable[T]]) -> T:
         """``await call(address)`` on the server ``request_id`` is routed to. If that server is lost

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,10 @@ class RecordingHFEngine(HFEngine):
 
     name = "hf-recording"
 
-    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        response = await super().agenerate(request)
-        RECORDED.append((response.latency, len(response.output_ids)))
-        return response
+    async def agenerate_group(self, requests: Sequence[GenerationRequest]) -> list[GenerationResponse]:
+        responses = await super().agenerate_group(requests)  # agenerate comes here too
+        RECORDED.extend((r.latency, len(r.output_ids)) for r in responses)
+        return responses
 
 
 class ReplayLatencyEngine(InferenceEngine):

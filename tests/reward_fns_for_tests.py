@@ -64,3 +64,20 @@ def always_raises(prompt: str, completion: str, **_: object) -> float:
 
 def always_exits(prompt: str, completion: str, **_: object) -> float:
     os._exit(3)
+
+
+def fails_by_completion(prompt: str, completion: str, pid_file: str = "", **_: object) -> float:
+    """"raise" raises, "exit" kills the worker, "hang" writes the pid to ``pid_file`` and hangs;
+    otherwise returns the worker's pid."""
+    if completion == "raise":
+        raise ValueError("bad completion")
+    if completion == "exit":
+        os._exit(3)
+    if completion == "hang":
+        return hangs_on_bad(prompt, "bad", pid_file)
+    return float(os.getpid())
+
+
+def pid_and_length(prompt: str, completion: str, **_: object) -> float:
+    """The worker's pid * 1000 + the completion's length."""
+    return float(os.getpid() * 1000 + len(completion))

@@ -258,6 +258,70 @@ def test_requests_arriving_mid_wave_join_it_and_outputs_stay_exact(served: Serve
     assert long_out == hf_greedy(served.model, PROMPTS[2], long_n)  # exact across the re-prefill
 
 
+def _count_segment_calls(engine: HFEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Requests carried by each of the engine's (real) ``_generate_segments`` calls, as they happen."""
+    counts: list[int] = []
+    real = engine._generate_segments
+
+    async def counted(session: Any, address: str, *, calls: list[Any]) -> list[Any]:
+        counts.append(len(calls))
+        return await real(session, address, calls=calls)
+
+    monkeypatch.setattr(engine, "_generate_segments", counted)
+    return counts
+
+
+def test_a_group_is_one_call_and_equals_its_requests_sent_alone(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = served.engine
+    requests = [greedy_request(p, 12) for p in PROMPTS]
+    alone = [generate_all(engine, [r])[0].output_ids for r in requests]
+    before = engine.server_health()[0].served
+    counts = _count_segment_calls(engine, monkeypatch)
+    responses = asyncio.run(engine.agenerate_group(requests))
+    assert [r.output_ids for r in responses] == alone
+    assert [r.input_ids for r in responses] == [r.input_ids for r in requests]
+    assert counts == [len(requests)]  # one /generate_batch round trip
+    assert engine.server_health()[0].served == before + len(requests)  # each request counted as one
+
+
+def test_an_interrupted_group_continues_only_its_unfinished_requests(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, lengths = served.engine, [4, 300, 300]
+    requests = [greedy_request(PROMPTS[i], n) for i, n in enumerate(lengths)]
+    counts = _count_segment_calls(engine, monkeypatch)
+    loop = LoopThread()
+    try:
+        future = loop.submit(engine.agenerate_group(requests))
+        wait_for(lambda: engine.server_health()[0].running == 2, "the short request to end, the long ones to decode")
+        engine.pause()
+        engine.set_version(7)
+        engine.resume()
+        responses = future.result(timeout=120)
+    finally:
+        engine.resume()
+        engine.set_version(0)
+        loop.close()
+    assert counts == [3, 2]  # the second segment carries only the two aborted requests
+    for req, resp, n in zip(requests, responses, lengths):
+        assert resp.output_ids == hf_greedy(served.model, req.input_ids, n)  # exact across the abort
+        assert resp.stop_reason == "length" and len(resp.logprobs) == n
+    assert responses[0].versions == [0] * 4
+    for resp in responses[1:]:
+        k = resp.versions.index(7)
+        assert k > 0 and resp.versions == [0] * k + [7] * (300 - k)  # per-token versions across the abort
+
+
+def test_a_batch_with_one_bad_body_queues_none(served: Served) -> None:
+    (address,) = served.engine.addresses
+    good = {"rid": "g", "input_ids": [3], "max_new_tokens": 2}
+    before = served.engine.server_health()[0].served
+    status, reply = raw_post(address, "/generate_batch", [good, {**good, "max_new_tokens": 0}], served.engine.token)
+    assert status == 400 and "max_new_tokens must be >= 1" in reply["error"]
+    assert raw_post(address, "/generate_batch", [], served.engine.token)[0] == 400
+    assert served.engine.server_health()[0].served == before
+
+
 @pytest.mark.slow
 def test_mutating_endpoints_need_the_token(served: Served) -> None:
     (address,) = served.engine.addresses

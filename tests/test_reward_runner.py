@@ -144,3 +144,35 @@ def test_a_worker_that_died_while_idle_is_replaced(make_runner):
         time.sleep(0.01)
     assert score(runner, "x") not in (0.0, float(pid))
     assert runner.stats == RewardStats(calls=2, errors=0, timeouts=0)
+
+
+def test_a_batch_keeps_per_item_failures_and_timeouts(make_runner, tmp_path: Path):
+    """One message for the batch; an item that raises, kills or hangs its worker scores 0 alone,
+    and the items after it run on a fresh worker."""
+    runner = make_runner(fns.fails_by_completion, workers=1, timeout=2.0)
+    pid_file = str(tmp_path / "pid")
+    jobs = [("p", c, {"pid_file": pid_file}) for c in ("good", "raise", "good", "exit", "good", "hang", "good")]
+    values = asyncio.run(runner.score_many(jobs))
+    assert values[1] == values[3] == values[5] == 0.0
+    first, after_exit, after_hang = values[0], values[4], values[6]
+    assert values[2] == first  # an exception does not cost the worker
+    assert len({first, after_exit, after_hang}) == 3 and not _alive(int(Path(pid_file).read_text()))
+    assert runner.stats == RewardStats(calls=7, errors=2, timeouts=1)
+    assert "3 of 7 reward calls failed" in _reported(runner)
+
+
+def test_a_batch_is_split_over_the_workers_and_keeps_its_order(make_runner):
+    runner = make_runner(fns.pid_and_length, workers=2)
+    completions = ["a" * k for k in range(1, 8)]
+    values = asyncio.run(runner.score_many([("p", c, {}) for c in completions]))
+    assert [v % 1000 for v in values] == list(range(1, 8))
+    assert len({v // 1000 for v in values}) <= 2  # never more than `workers` processes
+    assert asyncio.run(runner.score_many([])) == []
+
+
+def test_an_unpicklable_item_scores_zero_alone(make_runner):
+    runner = make_runner(fns.completion_length)
+    values = asyncio.run(runner.score_many([("p", "ab", {}), ("p", "abc", {"x": lambda: 0}), ("p", "abcd", {})]))
+    assert values == [2.0, 0.0, 4.0]
+    assert "arguments cannot be pickled" in _reported(runner)
+    assert runner.stats == RewardStats(calls=3, errors=1, timeouts=0)

@@ -26,17 +26,19 @@ OBSERVED_MAX_LAG: dict[int, int] = {}
 class GroupWorkflow:
     """Test workflow: ``n`` samples of a prompt; rejects ids in ``reject``, raises on ids in ``fail``."""
 
-    def __init__(self, n: int = 2, max_new_tokens: int = 4, reject=(), fail=()) -> None:
-        self.n, self.reject, self.fail = n, set(reject), set(fail)
+    def __init__(self, n: int = 2, max_new_tokens: int = 4, reject=(), fail=(), grouped: bool = False) -> None:
+        self.n, self.reject, self.fail, self.grouped = n, set(reject), set(fail), grouped
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens)
 
     async def __call__(self, engine: InferenceEngine, data: dict[str, Any]) -> list[Trajectory] | None:
         if data["id"] in self.fail:
             raise RuntimeError("scripted workflow failure")
         prompt = [100, data["n"]]
-        responses = await asyncio.gather(
-            *(engine.agenerate(GenerationRequest(input_ids=prompt, sampling=self.sampling)) for _ in range(self.n))
-        )
+        requests = [GenerationRequest(input_ids=prompt, sampling=self.sampling) for _ in range(self.n)]
+        if self.grouped:
+            responses = await engine.agenerate_group(requests)
+        else:
+            responses = await asyncio.gather(*(engine.agenerate(r) for r in requests))
         if data["id"] in self.reject:
             return None
         trajectories = []
@@ -200,11 +202,12 @@ def test_consumed_tokens_never_exceed_the_staleness_bound(eta):
     print(f"max_head_offpolicyness={eta}: largest observed token lag {OBSERVED_MAX_LAG[eta]}")
 
 
-def test_pause_interrupts_generation_and_resume_continues_it():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_pause_interrupts_generation_and_resume_continues_it(grouped):
     engine = ScriptedEngine(delay=lambda r: 0.01)
     with _controller(engine, batch_size=2, eta=1) as ctl:
         for item in _items(2):
-            ctl.submit(item, GroupWorkflow(n=2, max_new_tokens=60))
+            ctl.submit(item, GroupWorkflow(n=2, max_new_tokens=60, grouped=grouped))
         while engine.tokens < 4:  # generation has started
             time.sleep(0.005)
         ctl.pause()

@@ -1,9 +1,10 @@
 """HFEngine: the client of hf generation servers (see :mod:`areal_core.hf_engine.server`).
 
-``agenerate`` runs on the rollout controller's event loop (a background thread) with one aiohttp
-session per call; control calls (``pause``, ``load_weights_from_disk``, ...) come from the main
-thread and use blocking HTTP, fanned out to every server in parallel. A pause gate shared by
-both sides holds generation between ``pause()`` and ``resume()``.
+``agenerate``/``agenerate_group`` run on the rollout controller's event loop (a background
+thread); a group's unfinished requests go to one server in one ``/generate_batch`` call per
+segment. Control calls (``pause``, ``load_weights_from_disk``, ...) come from the main thread and
+use blocking HTTP, fanned out to every server in parallel. A pause gate shared by both sides
+holds generation between ``pause()`` and ``resume()``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from areal_core.config import from_dict, to_dict
-from areal_core.engine import GenerationRequest
-from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.engine_http import HTTPServerEngine, Segment, SegmentCall
 from areal_core.errors import ArealError
 from areal_core.hf_engine.protocol import (
     TOKEN_ENV,
@@ -90,28 +90,20 @@ class HFEngine(HTTPServerEngine):
         return [_get_health(address) for address in self.addresses]
 
     # ---------------------------------------------------------------- generation
-    async def _generate_segment(
-        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
-    ) -> Segment:
-        params = request.sampling
-        body = GenerateBody(
-            rid=request.request_id,
-            input_ids=request.input_ids + generated,
-            max_new_tokens=params.max_new_tokens - len(generated),
-            temperature=params.temperature,
-            top_p=params.top_p,
-            greedy=params.greedy,
-            stop_token_ids=list(params.stop_token_ids),
-            seed=params.seed,
-        )
-        async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
+    async def _generate_segments(self, session: Any, address: str, *, calls: list[SegmentCall]) -> list[Segment]:
+        """One ``/generate_batch`` call for every request's next segment."""
+        bodies = [to_json(_generate_body(c)) for c in calls]
+        async with session.post(f"http://{address}/generate_batch", json=bodies) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
-                raise ArealError(f"hf server {address} /generate failed ({resp.status}): {data.get('error', data)}")
-        result = from_json(GenerateResult, data)
-        return Segment(
-            output_ids=result.output_ids, logprobs=result.logprobs, versions=result.versions, stop_reason=result.stop_reason
-        )
+                raise ArealError(f"hf server {address} /generate_batch failed ({resp.status}): {data.get('error', data)}")
+        if not isinstance(data, list) or len(data) != len(calls):
+            raise ArealError(f"hf server {address} /generate_batch answered {data!r:.200} to {len(calls)} requests")
+        results = [from_json(GenerateResult, item) for item in data]
+        return [
+            Segment(output_ids=r.output_ids, logprobs=r.logprobs, versions=r.versions, stop_reason=r.stop_reason)
+            for r in results
+        ]
 
     # ---------------------------------------------------------------- control (main thread)
     def load_weights_from_disk(self, path: str, version: int) -> None:
@@ -133,6 +125,21 @@ class HFEngine(HTTPServerEngine):
     def weights_digest(self) -> list[dict[str, str]]:
         """Per server: parameter name -> sha256 of its dtype, shape and bytes (see ``receiver.tensor_digest``)."""
         return [reply["digest"] for reply in self._broadcast("/weights_digest", {})]
+
+
+def _generate_body(call: SegmentCall) -> GenerateBody:
+    """The ``/generate`` body continuing ``call.request`` after its generated tokens."""
+    params = call.request.sampling
+    return GenerateBody(
+        rid=call.request.request_id,
+        input_ids=call.request.input_ids + call.generated,
+        max_new_tokens=params.max_new_tokens - len(call.generated),
+        temperature=params.temperature,
+        top_p=params.top_p,
+        greedy=params.greedy,
+        stop_token_ids=list(params.stop_token_ids),
+        seed=params.seed,
+    )
 
 
 def _get_health(address: str, timeout: float = 5.0) -> Health | None:

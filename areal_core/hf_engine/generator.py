@@ -168,13 +168,21 @@ class Generator:
         return len(self._queue)
 
     async def generate(self, body: GenerateBody) -> GenerateResult:
-        self._check(body)
-        seq = _Seq(body, asyncio.get_running_loop().create_future(), self.eos_ids | frozenset(body.stop_token_ids))
-        self._queue.append(seq)
-        self._work.set()
-        result = await seq.future
-        self.served += 1
+        (result,) = await self.generate_many([body])
         return result
+
+    async def generate_many(self, bodies: list[GenerateBody]) -> list[GenerateResult]:
+        """Queue every body (all are checked first: one bad body queues none); results in order.
+        Each request decodes, is aborted and is counted exactly as if it came alone."""
+        for body in bodies:
+            self._check(body)
+        loop = asyncio.get_running_loop()
+        seqs = [_Seq(body, loop.create_future(), self.eos_ids | frozenset(body.stop_token_ids)) for body in bodies]
+        self._queue.extend(seqs)
+        self._work.set()
+        results = await asyncio.gather(*(seq.future for seq in seqs))
+        self.served += len(seqs)
+        return list(results)
 
     async def pause(self) -> int:
         """Hold new work; abort every started request at its next step; returns how many."""

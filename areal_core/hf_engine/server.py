@@ -73,12 +73,15 @@ def _auth_middleware(token: str):
     return check
 
 
-async def _body(request: web.Request, cls: type) -> Any:
+async def _json(request: web.Request) -> Any:
     try:
-        data = await request.json()
+        return await request.json()
     except ValueError:
         raise ValueError(f"{request.path} expects a JSON body") from None
-    return from_json(cls, data)
+
+
+async def _body(request: web.Request, cls: type) -> Any:
+    return from_json(cls, await _json(request))
 
 
 class _Routes:
@@ -95,6 +98,7 @@ class _Routes:
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
         app.router.add_post("/generate", self.generate)
+        app.router.add_post("/generate_batch", self.generate_batch)
         app.router.add_post("/abort_all", self.abort_all)
         app.router.add_post("/continue", self.continue_)
         app.router.add_post("/set_version", self.set_version)
@@ -120,6 +124,15 @@ class _Routes:
     async def generate(self, request: web.Request) -> web.Response:
         body = await _body(request, GenerateBody)
         return web.json_response(to_json(await self.gen.generate(body)))
+
+    async def generate_batch(self, request: web.Request) -> web.Response:
+        """A JSON list of ``/generate`` bodies in one call (e.g. a group's samples); the reply
+        lists their results in order."""
+        data = await _json(request)
+        if not isinstance(data, list) or not data:
+            raise ValueError("/generate_batch expects a non-empty JSON list of /generate bodies")
+        results = await self.gen.generate_many([from_json(GenerateBody, item) for item in data])
+        return web.json_response([to_json(result) for result in results])
 
     async def abort_all(self, request: web.Request) -> web.Response:
         aborted = await self.gen.pause()

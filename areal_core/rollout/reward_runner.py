@@ -7,6 +7,9 @@ is killed and replaced, so later calls never wait on it. Workers come from the `
 (else ``spawn``) start method: the caller has threads and an event loop, which ``fork`` would copy
 half-way. The forkserver preloads this module and the reward's, so a worker that the reward
 killed (``os._exit``) is replaced in tens of milliseconds, not the half second a fresh import takes.
+``score_many`` sends a batch (e.g. a group's completions) to a worker in one message; the worker
+answers item by item, so each item keeps its own timeout, and the items after one that kills or
+hangs its worker go to a fresh one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,6 +33,8 @@ from areal_core.rollout.failures import FailureTracker
 
 logger = logging.getLogger(__name__)
 
+#: One reward call's arguments: ``(prompt, completion, data)``.
+Job = tuple[str, str, dict[str, Any]]
 #: Seconds a new worker may take to start and import the reward's module.
 STARTUP_TIMEOUT = 120.0
 
@@ -43,7 +49,7 @@ class RewardStats:
 
 
 def _worker_main(conn: Connection, fn_bytes: bytes) -> None:
-    """Worker loop: unpickle the reward, report ready, then answer one job per message."""
+    """Worker loop: unpickle the reward, report ready, then answer each message (a list of jobs) job by job."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         fn = pickle.loads(fn_bytes)
@@ -53,18 +59,33 @@ def _worker_main(conn: Connection, fn_bytes: bytes) -> None:
     conn.send((True, None))
     while True:
         try:
-            job = conn.recv()
+            jobs = conn.recv()
         except EOFError:  # the parent is gone
             return
-        if job is None:
+        if jobs is None:
             return
-        prompt, completion, data = job
+        for prompt, completion, data in jobs:  # one reply per job, as each is done
+            try:
+                value = call_reward(fn, prompt, completion, data)
+                reply = (True, value) if math.isfinite(value) else (False, f"returned {value}")
+            except BaseException as exc:  # noqa: BLE001 - any failure scores 0 in the parent
+                reply = (False, f"{type(exc).__name__}: {exc}")
+            conn.send(reply)
+
+
+def _pickled_prefix(jobs: list[Job]) -> tuple[bytes | str, int]:
+    """``(pickle of the longest prefix of jobs that pickles, its length)``; for an empty prefix,
+    ``(why the first job cannot be pickled, 0)``."""
+    try:
+        return pickle.dumps(jobs), len(jobs)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        pass
+    for n, job in enumerate(jobs):
         try:
-            value = call_reward(fn, prompt, completion, data)
-            reply = (True, value) if math.isfinite(value) else (False, f"returned {value}")
-        except BaseException as exc:  # noqa: BLE001 - any failure scores 0 in the parent
-            reply = (False, f"{type(exc).__name__}: {exc}")
-        conn.send(reply)
+            pickle.dumps(job)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            return (pickle.dumps(jobs[:n]), n) if n else (str(exc), 0)
+    return pickle.dumps(jobs[:1]), 1  # each pickles alone, not together: one at a time
 
 
 class _Worker:
@@ -152,35 +173,58 @@ class RewardRunner:
 
     async def score(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
         """The reward for one completion; 0.0 (counted and logged) when the reward fails."""
+        (value,) = await self.score_many([(prompt, completion, data)])
+        return value
+
+    async def score_many(self, jobs: Sequence[Job]) -> list[float]:
+        """``score`` for each ``(prompt, completion, data)``, in order, in one message per worker
+        (up to ``workers`` of them): each item still has its own timeout and failure accounting."""
         if self._closed:
             raise RuntimeError("RewardRunner is closed")
+        if not jobs:
+            return []
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self._score_blocking, prompt, completion, data)
+        size = -(-len(jobs) // min(self.workers, len(jobs)))
+        chunks = [list(jobs[i : i + size]) for i in range(0, len(jobs), size)]
+        scored = await asyncio.gather(*(loop.run_in_executor(self._threads, self._score_blocking, c) for c in chunks))
+        return [value for chunk in scored for value in chunk]
 
-    def _score_blocking(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
-        self._count("calls")
+    def _score_blocking(self, jobs: list[Job]) -> list[float]:
+        values: list[float] = []
+        self._count("calls", len(jobs))
+        while len(values) < len(jobs):
+            values += self._score_on_one_worker(jobs[len(values) :])
+        return values
+
+    def _score_on_one_worker(self, jobs: list[Job]) -> list[float]:
+        """Scores of a non-empty prefix of ``jobs``: all of them, or up to the first one that
+        cannot be pickled, kills the worker or times out (it scores 0, the worker is replaced)."""
+        payload, sendable = _pickled_prefix(jobs)
+        if not sendable:
+            return [self._failed("errors", f"arguments cannot be pickled: {payload}")]
         worker = self._acquire()
         healthy = False
+        values: list[float] = []
         try:
             try:
-                worker.conn.send((prompt, completion, data))  # pickles first: a failure sends nothing
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                healthy = True
-                return self._failed("errors", f"arguments cannot be pickled: {exc}")
+                worker.conn.send_bytes(payload)
             except OSError:
-                return self._failed("errors", worker.died())
-            if not worker.conn.poll(self.timeout):
-                return self._failed("timeouts", f"no result within {self.timeout:g}s; worker replaced")
-            try:
-                ok, value = worker.conn.recv()
-            except (EOFError, OSError):
-                return self._failed("errors", worker.died())
+                return [self._failed("errors", worker.died())]
+            for _ in range(sendable):
+                if not worker.conn.poll(self.timeout):
+                    return values + [self._failed("timeouts", f"no result within {self.timeout:g}s; worker replaced")]
+                try:
+                    ok, value = worker.conn.recv()
+                except (EOFError, OSError):
+                    return values + [self._failed("errors", worker.died())]
+                if not ok:
+                    values.append(self._failed("errors", value))
+                    continue
+                if self.failures is not None:
+                    self.failures.record(None)
+                values.append(float(value))
             healthy = True
-            if not ok:
-                return self._failed("errors", value)
-            if self.failures is not None:
-                self.failures.record(None)
-            return float(value)
+            return values
         finally:
             self._release(worker, healthy)
 
@@ -209,9 +253,9 @@ class RewardRunner:
         if not keep:
             worker.kill()
 
-    def _count(self, counter: str) -> None:
+    def _count(self, counter: str, n: int = 1) -> None:
         with self._lock:
-            self._stats = attrs.evolve(self._stats, **{counter: getattr(self._stats, counter) + 1})
+            self._stats = attrs.evolve(self._stats, **{counter: getattr(self._stats, counter) + n})
 
     def _failed(self, counter: str, reason: str) -> float:
         self._count(counter)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from typing import Any
 
@@ -10,7 +9,7 @@ import attrs
 
 from areal_core.config import GenerationConfig
 from areal_core.datasets import reward_data
-from areal_core.engine import GenerationRequest, InferenceEngine
+from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.workflow import (
     RewardScorer,
@@ -53,21 +52,34 @@ class RLVRWorkflow:
         return tuple(encode_chat(self.tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True))
 
     async def __call__(self, engine: InferenceEngine, data: dict[str, Any]) -> list[Trajectory]:
+        """The group: one ``agenerate_group`` call for its samples, one ``score_many`` for their rewards."""
         prompt_ids = list(self._encode(data["prompt"]))
-        return list(
-            await asyncio.gather(*(self._sample(engine, data, prompt_ids, i) for i in range(self.gconfig.n_samples)))
-        )
+        n = self.gconfig.n_samples
+        requests = [GenerationRequest(input_ids=prompt_ids, sampling=self._sampling(data, i)) for i in range(n)]
+        responses = await engine.agenerate_group(requests)
+        kept = [stop_at_strings(self.tokenizer, r.output_ids, self.gconfig.stop) for r in responses]
+        completions = [self.tokenizer.decode(r.output_ids[:k], skip_special_tokens=True) for r, k in zip(responses, kept)]
+        rewards = await self.reward_runner.score_many([(data["prompt"], c, reward_data(data)) for c in completions])
+        return [
+            self._trajectory(data, prompt_ids, i, *sample)
+            for i, sample in enumerate(zip(responses, kept, completions, rewards))
+        ]
 
-    async def _sample(
-        self, engine: InferenceEngine, data: dict[str, Any], prompt_ids: list[int], index: int
+    def _sampling(self, data: dict[str, Any], index: int) -> SamplingParams:
+        if self.seed is None:
+            return self.sampling
+        return attrs.evolve(self.sampling, seed=request_seed(self.seed, data["id"], data.get(EPOCH_KEY, 0), index))
+
+    def _trajectory(
+        self,
+        data: dict[str, Any],
+        prompt_ids: list[int],
+        index: int,
+        response: GenerationResponse,
+        n_kept: int,
+        completion: str,
+        reward: float,
     ) -> Trajectory:
-        sampling = self.sampling
-        if self.seed is not None:
-            sampling = attrs.evolve(sampling, seed=request_seed(self.seed, data["id"], data.get(EPOCH_KEY, 0), index))
-        response = await engine.agenerate(GenerationRequest(input_ids=prompt_ids, sampling=sampling))
-        n_kept = stop_at_strings(self.tokenizer, response.output_ids, self.gconfig.stop)
-        completion = self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True)
-        reward = await self.reward_runner.score(data["prompt"], completion, reward_data(data))
         seq = TokenSequence()
         seq.add_context(prompt_ids)
         seq.add_output(response, n_kept)

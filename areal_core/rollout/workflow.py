@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -25,6 +26,10 @@ class RewardScorer(Protocol):
     """What workflows need from :class:`areal_core.rollout.reward_runner.RewardRunner`."""
 
     async def score(self, prompt: str, completion: str, data: dict[str, Any]) -> float: ...
+
+    async def score_many(self, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[float]:
+        """``score(*job)`` for each job, in order (one round trip for a group)."""
+        ...
 
 
 def sampling_params(gconfig: GenerationConfig, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:

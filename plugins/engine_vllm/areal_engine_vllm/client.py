@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.engine_http import HTTPServerEngine, Segment, SegmentCall, one_call_each
 from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec
@@ -89,6 +89,9 @@ class VLLMEngine(HTTPServerEngine):
         ]
 
     # ---------------------------------------------------------------- generation
+    async def _generate_segments(self, session: Any, address: str, *, calls: list[SegmentCall]) -> list[Segment]:
+        return await one_call_each(self._generate_segment, session, address, calls)
+
     async def _generate_segment(
         self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
     ) -> Segment:
