@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.errors import ArealError, ConfigError
 from areal_core.http_json import post_json
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail

@@ -36,7 +36,7 @@ def areal_register_inference_engines(register: RegisterNamed) -> None:
     """Register inference engines (clients of generation servers).
 
     :param register: call ``register("vllm", EngineCls)``; the name is what ``rollout.engine``
-        selects. ``EngineCls`` implements :class:`areal_core.engine.InferenceEngine`.
+        selects. ``EngineCls`` implements :class:`areal_core.api.engine.InferenceEngine`.
     """
 
 

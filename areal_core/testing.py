@@ -90,8 +90,8 @@ def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
 
 
 def greedy_request(prompt: list[int], n: int, **sampling: Any) -> Any:
-    """A greedy :class:`~areal_core.engine.GenerationRequest` for ``n`` new tokens."""
-    from areal_core.engine import GenerationRequest, SamplingParams
+    """A greedy :class:`~areal_core.api.engine.GenerationRequest` for ``n`` new tokens."""
+    from areal_core.api.engine import GenerationRequest, SamplingParams
 
     return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True, **sampling))
 

@@ -2,7 +2,7 @@
 engine's own protocol (``actor.weight_update: xccl``).
 
 An engine that supports collective updates implements
-:class:`~areal_core.engine.SupportsWeightChannel`: in the controller it describes its channel as
+:class:`~areal_core.api.engine.SupportsWeightChannel`: in the controller it describes its channel as
 a :class:`ChannelSpec`; every training rank builds the :class:`WeightChannel` named there (the
 trainer half of the engine's protocol: vLLM's weight-transfer engines, SGLang's group handshake,
 the hf engine's own) and rank 0 joins the servers' group and sends. The controller then commits

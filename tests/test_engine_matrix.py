@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
+from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.engine_http import wait_healthy
 from areal_core.platform import CpuPlatform, Platform, resolve_platform
 from areal_core.plugins import load_plugins

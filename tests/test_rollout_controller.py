@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 from rollout_doubles import ScriptedEngine
 
-from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
+from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from areal_core.agent.sessions import Completion, Session
-from areal_core.engine import GenerationResponse
+from areal_core.api.engine import GenerationResponse
 from areal_core.rollout.workflow import TokenSequence
 from areal_core.trajectory import Trajectory
 

@@ -37,7 +37,7 @@ from areal_core.agent.sessions import (
 )
 from areal_core.agent.tool_parsers import ToolCall, ToolParser, hermes
 from areal_core.config import GenerationConfig
-from areal_core.engine import (
+from areal_core.api.engine import (
     GenerationRequest,
     GenerationResponse,
     InferenceEngine,

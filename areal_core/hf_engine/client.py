@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from areal_core.config import from_dict
-from areal_core.engine import GenerationRequest
+from areal_core.api.engine import GenerationRequest
 from areal_core.engine_http import HTTPServerEngine, Segment
 from areal_core.http_json import post_json
 from areal_core.errors import ArealError

@@ -21,7 +21,7 @@ from typing import Any, Callable, Coroutine, Iterator, TypeVar
 import attrs
 
 from areal_core.config import Config
-from areal_core.engine import InferenceEngine
+from areal_core.api.engine import InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.failures import FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid

@@ -26,7 +26,7 @@ from areal_core.errors import ArealError, ProcessFailedError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.engine import InferenceEngine
+    from areal_core.api.engine import InferenceEngine
     from areal_core.rollout.ledger import Ledger
     from areal_core.scheduler.base import ProcessHandle
 
@@ -141,7 +141,7 @@ class ServerFleet:
     # ------------------------------------------------------------------ probing
     def probe(self, input_ids: list[int], max_new_tokens: int) -> list[dict[str, Any]]:
         """Greedy generation of ``input_ids`` on every serving server: address, output ids, log-probs, versions."""
-        from areal_core.engine import GenerationRequest, SamplingParams
+        from areal_core.api.engine import GenerationRequest, SamplingParams
 
         sampling = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
 

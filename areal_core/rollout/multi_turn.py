@@ -12,7 +12,7 @@ from typing import Any
 
 from areal_core.config import GenerationConfig
 from areal_core.datasets import reward_data
-from areal_core.engine import GenerationRequest, InferenceEngine
+from areal_core.api.engine import GenerationRequest, InferenceEngine
 from areal_core.rollout.workflow import (
     RewardScorer,
     TokenSequence,

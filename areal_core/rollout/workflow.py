@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import attrs
 
 from areal_core.config import GenerationConfig
-from areal_core.engine import GenerationResponse, InferenceEngine, SamplingParams
+from areal_core.api.engine import GenerationResponse, InferenceEngine, SamplingParams
 from areal_core.trajectory import Trajectory
 
 

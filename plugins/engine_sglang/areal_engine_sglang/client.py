@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import GenerationRequest
+from areal_core.api.engine import GenerationRequest
 from areal_core.engine_http import HTTPServerEngine, Segment
 from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, SamplingParams
+from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.errors import ArealError, ConfigError
 from areal_core.platform import CpuPlatform
 from areal_core.scheduler.base import ProcessSpec, free_port

@@ -21,7 +21,7 @@ from areal_core.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.engine import InferenceEngine
+    from areal_core.api.engine import InferenceEngine
     from areal_core.platform import Platform
     from areal_core.weights import TrainerHandle
 

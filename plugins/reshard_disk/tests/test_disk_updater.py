@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
+from areal_core.api.engine import GenerationRequest, GenerationResponse, SamplingParams
 from areal_core.errors import ArealError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.platform import CpuPlatform

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.engine import GenerationRequest, SamplingParams
+from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.receiver import tensor_digest
 from areal_core.hf_engine.server import FAIL_COMMIT_ENV
