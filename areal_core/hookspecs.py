@@ -46,7 +46,7 @@ def areal_register_weight_updaters(register: RegisterNamed) -> None:
 
     :param register: call ``register("disk", UpdaterCls)``; the name is what
         ``actor.weight_update`` selects. ``UpdaterCls`` implements
-        :class:`areal_core.weights.WeightUpdater`.
+        :class:`areal_core.api.weights.WeightUpdater`.
     """
 
 

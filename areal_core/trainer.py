@@ -351,7 +351,7 @@ class _Loop:
     def _update_weights(self, version: int) -> float:
         """Publish ``version`` with generation paused; an aborted update leaves every server on its
         previous weights and version, and the run goes on (the next step publishes newer ones)."""
-        from areal_core.weights import WeightUpdateError
+        from areal_core.api.weights import WeightUpdateError
 
         rollout = self.rollout
         start = time.perf_counter()

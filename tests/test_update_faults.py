@@ -32,7 +32,7 @@ from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, perturbed_model
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel
-from areal_core.weights import WeightUpdateError
+from areal_core.api.weights import WeightUpdateError
 
 DEADLINE_S = 10.0
 TIMES: list[tuple[str, str, float, float]] = []  # fault, outcome, detect s, recover s

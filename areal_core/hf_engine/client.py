@@ -32,7 +32,7 @@ from areal_core.hf_engine.protocol import (
     to_json,
 )
 from areal_core.scheduler.base import ProcessSpec
-from areal_core.weights import WeightUpdateError
+from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:
     from areal_core.weight_channel import ChannelSpec

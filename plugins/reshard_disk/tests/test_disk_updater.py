@@ -22,7 +22,7 @@ from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weights import WeightUpdateError
+from areal_core.api.weights import WeightUpdateError
 
 PROMPT = [3, 4, 5, 6]
 N_TOKENS = 24

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 from areal_core.api.engine import SupportsWeightChannel
 from areal_core.errors import ArealError, ConfigError, ProcessFailedError
 from areal_core.scheduler.base import free_port
-from areal_core.weights import WeightUpdateError, WeightUpdater
+from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.engine import InferenceEngine
     from areal_core.platform import Platform
-    from areal_core.weights import TrainerHandle
+    from areal_core.api.weights import TrainerHandle
 
 logger = logging.getLogger(__name__)
 
