@@ -56,7 +56,7 @@ def areal_register_algorithms(register: RegisterNamed) -> None:
 
     :param register: call ``register("grpo", AlgorithmCls)``; the name is what
         ``actor.algorithm`` selects. ``AlgorithmCls`` implements
-        :class:`areal_core.algorithm.Algorithm`.
+        :class:`areal_core.api.algorithm.Algorithm`.
     """
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from areal_core.algorithm import Algorithm, LossInput
+from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.platform import CpuPlatform
 from areal_core.plugins import load_plugins

@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from areal_core.algorithm import Algorithm, LossInput
+from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.algorithms import DAPO, GRPO, GSPO, PPO, RLOO, DrGRPO, ReinforcePlusPlus
 from areal_core.builtin.algorithms import ALGORITHMS
 from areal_core.config import ActorConfig, load_config

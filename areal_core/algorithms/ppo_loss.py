@@ -19,7 +19,7 @@ from typing import Literal
 import attrs
 import torch
 
-from areal_core.algorithm import LossInput
+from areal_core.api.algorithm import LossInput
 
 #: ``token_mean``: sum over loss tokens / ``token_normalizer``;
 #: ``token_sum_budget``: sum / (``seq_normalizer`` * ``max_new_tokens``) (Dr.GRPO);

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from areal_core.algorithm import Algorithm, LossInput
+from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
