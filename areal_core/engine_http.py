@@ -40,7 +40,7 @@ from areal_core.scheduler.devices import server_devices
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
     from areal_core.scheduler.base import Scheduler
     from areal_core.weight_channel import ChannelSpec
 

@@ -24,7 +24,7 @@ RegisterNamed = Callable[[str, Any], None]
 
 @hookspec
 def areal_register_platforms(register: RegisterPlatform) -> None:
-    """Register Platform subclasses (see :class:`areal_core.platform.Platform`).
+    """Register Platform subclasses (see :class:`areal_core.api.platform.Platform`).
 
     :param register: call ``register(PlatformCls)`` once per platform; ``PlatformCls.name`` is
         what ``platform:`` selects and ``is_available()`` must not import heavy libraries.

@@ -6,7 +6,7 @@ import attrs
 
 from areal_core.config import Config
 from areal_core.errors import ConfigError, PluginError
-from areal_core.platform import Platform, resolve_platform
+from areal_core.api.platform import Platform, resolve_platform
 from areal_core.plugins import Plugins
 
 #: (dotted config key, plugin kind) for every name a config selects.

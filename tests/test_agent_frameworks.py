@@ -110,7 +110,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     from transformers import AutoTokenizer
 
     from areal_core.hf_engine.client import HFEngine
-    from areal_core.platform import CpuPlatform
+    from areal_core.api.platform import CpuPlatform
     from areal_core.scheduler.local import LocalScheduler
 
     root = tmp_path_factory.mktemp("frameworks")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from areal_core.errors import ConfigError, PluginError
-from areal_core.platform import CpuPlatform, Platform, activate_platform, current_platform, resolve_platform
+from areal_core.api.platform import CpuPlatform, Platform, activate_platform, current_platform, resolve_platform
 
 
 class _Avail(Platform):

@@ -8,7 +8,7 @@ from areal_core.scheduler.base import ProcessDiedError, ProcessHandle, ProcessSp
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 __all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "make_scheduler"]
 

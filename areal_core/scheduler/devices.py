@@ -15,7 +15,7 @@ from areal_core.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 
 def uses_devices(platform: Platform) -> bool:

@@ -11,7 +11,7 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
-from areal_core.platform import Platform
+from areal_core.api.platform import Platform
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler
 from areal_core.scheduler.devices import physical_devices
 

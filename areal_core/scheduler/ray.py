@@ -38,7 +38,7 @@ from areal_core.scheduler.local import LocalProcess, spawn
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 ACTOR_LOST = -1  # returncode of a process whose actor died: its own exit code is unknown
 _RPC_TIMEOUT_S = 30.0  # a poll that takes longer (the actor is busy stopping) reports "still running"

@@ -17,7 +17,7 @@ from areal_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 SERVER_MODULE = "sglang.launch_server"
 INSTALL_HINT = (
