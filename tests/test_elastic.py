@@ -27,7 +27,7 @@ from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.control import CONTROL_FILE, ControlServer, control_call
 from areal_core.api.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import Router
+from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.api.platform import CpuPlatform

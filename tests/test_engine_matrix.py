@@ -31,7 +31,7 @@ import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.engine_http import wait_healthy
+from areal_core.api.http_engine import wait_healthy
 from areal_core.api.platform import CpuPlatform, Platform, resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.base import free_port

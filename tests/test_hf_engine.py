@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import Router
+from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.generator import sample

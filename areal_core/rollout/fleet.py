@@ -1,6 +1,6 @@
 """ServerFleet: keeps the inference plane serving while servers die, are replaced or are added.
 
-The engine (every :class:`~areal_core.engine_http.HTTPServerEngine`) already drops a server it
+The engine (every :class:`~areal_core.api.http_engine.HTTPServerEngine`) already drops a server it
 finds lost and moves its requests elsewhere; the fleet adds what needs a view of the whole run:
 
 - a health thread that checks every server each ``rollout.health_check_interval`` seconds, so a

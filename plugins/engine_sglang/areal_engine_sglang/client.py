@@ -1,7 +1,7 @@
 """SGLangEngine: the ``sglang`` inference engine, a client of SGLang servers' native HTTP API.
 
 Generation is ``/generate`` with token ids and ``return_logprob``. ``pause()`` closes the shared
-:class:`~areal_core.engine_http.PauseGate` and calls ``/pause_generation`` (mode ``abort``): SGLang
+:class:`~areal_core.api.http_engine.PauseGate` and calls ``/pause_generation`` (mode ``abort``): SGLang
 ends every running and queued request with its partial output and holds new ones until
 ``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
 output with the rest of the budget, so one response may carry tokens of two weight versions.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.engine import GenerationRequest
-from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec

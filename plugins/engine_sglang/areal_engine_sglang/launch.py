@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine_http import command_line_flags
+from areal_core.api.http_engine import command_line_flags
 from areal_core.errors import ConfigError
 
 if TYPE_CHECKING:

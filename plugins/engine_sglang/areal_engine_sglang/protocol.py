@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from areal_core.api.engine import SamplingParams
-from areal_core.engine_http import Segment
+from areal_core.api.http_engine import Segment
 from areal_core.errors import ArealError
 from areal_core.hf_engine.protocol import to_json
 

@@ -3,7 +3,7 @@
 Generation uses vLLM's own ``/v1/completions`` (token ids in; token ids and the sampled tokens'
 log-probs out). Control calls use the ``/areal/*`` routes the plugin adds (see
 :mod:`areal_engine_vllm.routes`). Threading and pausing are those of the ``hf`` engine: the
-shared :class:`~areal_core.engine_http.PauseGate` holds generation between ``pause()`` and
+shared :class:`~areal_core.api.http_engine.PauseGate` holds generation between ``pause()`` and
 ``resume()``, and an aborted request is re-submitted as prompt + partial output with the
 remaining budget, so one response may carry tokens of two weight versions.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import HTTPServerEngine, Segment
+from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
 from areal_core.scheduler.base import ProcessSpec

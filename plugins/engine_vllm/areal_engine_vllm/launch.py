@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine_http import command_line_flags
+from areal_core.api.http_engine import command_line_flags
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
     SERVED_NAME,
