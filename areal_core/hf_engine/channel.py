@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from areal_core.hf_engine.protocol import ReceiveWeightsBody, WeightGroupBody, to_json
+from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody, to_json
 from areal_core.hf_engine.receiver import join_gloo_group
 from areal_core.weight_channel import Bucket, ChannelSpec, FlatBucketChannel, post_all
 

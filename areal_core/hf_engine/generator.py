@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from areal_core.hf_engine.protocol import GenerateBody, GenerateResult
+from areal_core.api.wire import GenerateBody, GenerateResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

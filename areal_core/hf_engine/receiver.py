@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from areal_core.hf_engine.protocol import ReceiveWeightsBody, WeightGroupBody
+from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody
 from areal_core.weight_channel import bucket_nbytes, unflatten_bucket
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 An aiohttp app on 127.0.0.1 in front of a :class:`Generator`. ``GET /health`` is open; every
 other endpoint needs ``Authorization: Bearer $AREAL_SERVER_TOKEN``. Bodies are the attrs classes
-of :mod:`areal_core.hf_engine.protocol`; errors are ``{"error": "..."}`` with status 400/401/409.
+of :mod:`areal_core.api.wire`; errors are ``{"error": "..."}`` with status 400/401/409.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from aiohttp import web
 
 from areal_core.hf_engine.generator import Generator
-from areal_core.hf_engine.protocol import (
+from areal_core.api.wire import (
     TOKEN_ENV,
     GenerateBody,
     Health,

@@ -23,7 +23,7 @@ import attrs
 from areal_core.api.engine import SamplingParams
 from areal_core.api.http_engine import Segment
 from areal_core.errors import ArealError
-from areal_core.hf_engine.protocol import to_json
+from areal_core.api.wire import to_json
 
 if TYPE_CHECKING:
     from areal_core.weight_channel import ChannelSpec

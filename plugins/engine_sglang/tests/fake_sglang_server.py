@@ -44,7 +44,7 @@ import torch
 from aiohttp import web
 
 from areal_core.hf_engine.generator import Generator
-from areal_core.hf_engine.protocol import GenerateBody, GenerateResult
+from areal_core.api.wire import GenerateBody, GenerateResult
 from areal_core.hf_engine.receiver import copy_into_model, read_safetensors_dir
 from areal_core.hf_engine.server import load_served_model, run_generator_with
 
