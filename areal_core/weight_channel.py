@@ -278,7 +278,7 @@ def post_all(
 ) -> list[dict[str, Any]]:
     """POST ``bodies[i]`` to ``servers[i]`` in parallel with the bearer token; every reply, or the
     first failure as an ArealError."""
-    from areal_core.http_json import post_json
+    from areal_core.api.http_json import post_json
 
     headers = {"Authorization": f"Bearer {token}"}
     with ThreadPoolExecutor(max_workers=max(1, len(servers)), thread_name_prefix="weights-post") as pool:

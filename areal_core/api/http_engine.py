@@ -34,7 +34,7 @@ import attrs
 
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.errors import ArealError, ConfigError
-from areal_core.http_json import post_json
+from areal_core.api.http_json import post_json
 from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
 from areal_core.scheduler.devices import server_devices
 
