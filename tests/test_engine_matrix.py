@@ -47,7 +47,7 @@ from areal_core.testing import (
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
+from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
 
 pytestmark = pytest.mark.slow
 

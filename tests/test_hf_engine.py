@@ -40,7 +40,7 @@ from areal_core.testing import (
     wait_for,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import flatten_bucket, open_channel, unflatten_bucket
+from areal_core.api.weight_channel import flatten_bucket, open_channel, unflatten_bucket
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9], [20, 3], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9]]
 LOGPROB_ATOL = 1e-4  # fp32 server vs fp32 recomputation; batching changes summation order only
@@ -282,7 +282,7 @@ def test_load_refuses_paths_outside_the_run_dir(served: Served, tmp_path: Path) 
 
 
 class _Tensors:
-    """A fixed :class:`~areal_core.weight_channel.TensorSource`."""
+    """A fixed :class:`~areal_core.api.weight_channel.TensorSource`."""
 
     def __init__(self, named: dict[str, torch.Tensor]) -> None:
         self.named = named

@@ -31,7 +31,7 @@ from areal_core.rollout.fleet import ServerFleet
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, perturbed_model
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel
+from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel
 from areal_core.api.weights import WeightUpdateError
 
 DEADLINE_S = 10.0

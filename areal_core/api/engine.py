@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
     from areal_core.scheduler.base import ProcessHandle, Scheduler
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 StopReason = Literal["stop", "length", "abort"]
 
@@ -159,7 +159,7 @@ class InferenceEngine(abc.ABC):
 @runtime_checkable
 class SupportsWeightChannel(Protocol):
     """An engine that takes collective weight updates (``actor.weight_update: xccl``) through its
-    own protocol: it names the trainer half (:mod:`areal_core.weight_channel`) and commits."""
+    own protocol: it names the trainer half (:mod:`areal_core.api.weight_channel`) and commits."""
 
     def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
         """The channel every training rank opens to reach this engine's current members, with its

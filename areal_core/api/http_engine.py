@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
     from areal_core.scheduler.base import Scheduler
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -480,7 +480,7 @@ class HTTPServerEngine(InferenceEngine):
         self, channel: str, backend: str, master_addr: str, master_port: int, group_name: str
     ) -> ChannelSpec:
         """The :class:`ChannelSpec` of weight channel ``channel`` to the current members."""
-        from areal_core.weight_channel import ChannelSpec
+        from areal_core.api.weight_channel import ChannelSpec
 
         return ChannelSpec(
             channel=channel,

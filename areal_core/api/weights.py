@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.engine import InferenceEngine
     from areal_core.api.platform import Platform
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 
 class WeightUpdateError(ArealError):

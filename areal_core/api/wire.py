@@ -59,7 +59,7 @@ class WeightGroupBody:
 
 @attrs.frozen(kw_only=True)
 class ReceiveWeightsBody:
-    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.weight_channel`)."""
+    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.api.weight_channel`)."""
 
     names: list[str]
     dtypes: list[str]

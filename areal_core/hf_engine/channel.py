@@ -14,7 +14,7 @@ import torch
 
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody, to_json
 from areal_core.hf_engine.receiver import join_gloo_group
-from areal_core.weight_channel import Bucket, ChannelSpec, FlatBucketChannel, post_all
+from areal_core.api.weight_channel import Bucket, ChannelSpec, FlatBucketChannel, post_all
 
 _LABEL = "hf server"
 

@@ -35,7 +35,7 @@ from areal_core.scheduler.base import ProcessSpec
 from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 @attrs.frozen(kw_only=True)
 class HFEngineArgs:

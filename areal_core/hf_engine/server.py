@@ -40,7 +40,7 @@ from areal_core.hf_engine.receiver import (
     model_digest,
     read_safetensors_dir,
 )
-from areal_core.weight_channel import bucket_nbytes
+from areal_core.api.weight_channel import bucket_nbytes
 
 log = logging.getLogger("areal_core.hf_engine.server")
 #: Test hook: a server started with this set to a version fails that version's commit.

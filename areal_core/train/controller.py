@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
     from areal_core.trajectory import Trajectory
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
     from areal_core.trajectory import Trajectory
-    from areal_core.weight_channel import ChannelSpec, WeightChannel
+    from areal_core.api.weight_channel import ChannelSpec, WeightChannel
 
 #: Files in a model directory that are weights (not copied next to saved weights by save_hf).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
@@ -440,7 +440,7 @@ class TrainEngine:
     def open_weight_channel(self, spec: ChannelSpec) -> str | None:
         """Collective: open the engine's weight channel ``spec`` on this rank (rank 0 joins the
         servers' group). Returns rank 0's error message if joining failed (training is unaffected)."""
-        from areal_core.weight_channel import open_channel
+        from areal_core.api.weight_channel import open_channel
 
         self.close_weight_channel()
         channel = open_channel(spec, rank=self.rank, device=self.device)
@@ -507,7 +507,7 @@ class TrainEngine:
 
 
 class _FullTensors:
-    """The engine's weights as a channel's :class:`~areal_core.weight_channel.TensorSource`: one
+    """The engine's weights as a channel's :class:`~areal_core.api.weight_channel.TensorSource`: one
     iteration per send, which :meth:`drain` finishes (the gathers are collective over ranks)."""
 
     def __init__(self, engine: TrainEngine) -> None:

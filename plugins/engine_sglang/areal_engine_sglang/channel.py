@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from areal_core.errors import ArealError
-from areal_core.weight_channel import (
+from areal_core.api.weight_channel import (
     Bucket,
     FlatBucketChannel,
     TensorSource,

@@ -44,7 +44,7 @@ from areal_engine_sglang.protocol import (
 
 if TYPE_CHECKING:
     from areal_core.scheduler.base import Scheduler
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 #: The bearer token (SGLang's ``--api-key``); set it to attach to servers started by hand.
 TOKEN_ENV = "AREAL_SGLANG_TOKEN"

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from areal_core.scheduler.base import free_port
-from areal_core.weight_channel import Bucket, flatten_bucket
+from areal_core.api.weight_channel import Bucket, flatten_bucket
 from areal_engine_sglang.channel import _check_aligned, join_group, leave_group
 
 SGLANG_PYTHON = os.environ.get("AREAL_SGLANG_PYTHON") or sys.executable

@@ -33,7 +33,7 @@ from areal_engine_vllm.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 _LABEL = "vllm server"
 _SEED_STRIDE = 1_000_003  # a resumed segment samples with seed * stride + tokens so far

@@ -4,7 +4,7 @@ Built by vLLM's ``WeightTransferTrainerFactory.trainer_init`` like vLLM's own nc
 rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncClient`` it is given
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
 collective: FSDP gathers), only rank 0 sends. Bucket ``k + 1`` is packed while bucket ``k`` is on the
-wire (``areal_core.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+wire (``areal_core.api.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
 group's timeout.
 """
 
@@ -21,7 +21,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from areal_core.weight_channel import BucketBroadcast, plan_buckets
+from areal_core.api.weight_channel import BucketBroadcast, plan_buckets
 from areal_engine_vllm.gloo_common import (
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,

@@ -38,7 +38,7 @@ from areal_core.testing import (  # noqa: E402
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
-from areal_core.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
+from areal_core.api.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,7 @@ from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController
 from areal_core.trajectory import Trajectory
-from areal_core.weight_channel import plan_buckets
+from areal_core.api.weight_channel import plan_buckets
 from areal_reshard_xccl.updater import WeightUpdateError, XcclWeightUpdater
 
 REPO = Path(__file__).resolve().parents[3]
