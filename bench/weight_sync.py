@@ -31,7 +31,7 @@ import torch.distributed as dist
 from areal_core.config import TinyModelSpec, load_config
 from areal_core.api.platform import CpuPlatform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.scheduler import ProcessSpec
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 
@@ -89,7 +89,7 @@ def bench_size(
 ) -> list[tuple]:
     from safetensors.torch import load_file, save_file
 
-    from areal_core.scheduler.base import free_port
+    from areal_core.api.scheduler import free_port
     from areal_core.train.controller import TrainController
 
     model = ensure_tiny_model(spec, CORPUS, root / "models", seed=0)

@@ -33,7 +33,7 @@ from areal_core.hf_engine.client import HFEngine
 from areal_core.api.platform import CpuPlatform
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
-from areal_core.scheduler.base import ProcessDiedError
+from areal_core.api.scheduler import ProcessDiedError
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import LoopThread, generate_all, hf_greedy, perturbed_model, wait_for
 from areal_core.tiny_model import ensure_tiny_model

@@ -34,7 +34,7 @@ from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingPa
 from areal_core.api.http_engine import wait_healthy
 from areal_core.api.platform import CpuPlatform, Platform, resolve_platform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,

@@ -28,7 +28,7 @@ from areal_core.errors import ArealError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.hf_engine.generator import sample
 from areal_core.api.platform import CpuPlatform
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,

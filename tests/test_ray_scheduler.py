@@ -31,7 +31,7 @@ from areal_core.errors import ArealError, ConfigError
 from areal_core.api.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler import ProcessDiedError, ProcessSpec, make_scheduler
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.ray import ACTOR_LOST, RayScheduler
 
 ray = pytest.importorskip("ray")

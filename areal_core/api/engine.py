@@ -20,7 +20,7 @@ import attrs
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
-    from areal_core.scheduler.base import ProcessHandle, Scheduler
+    from areal_core.api.scheduler import ProcessHandle, Scheduler
     from areal_core.api.weight_channel import ChannelSpec
 
 StopReason = Literal["stop", "length", "abort"]

@@ -35,13 +35,13 @@ import attrs
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.errors import ArealError, ConfigError
 from areal_core.api.http_json import post_json
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, free_port, log_tail
+from areal_core.api.scheduler import ProcessHandle, ProcessSpec, free_port, log_tail
 from areal_core.scheduler.devices import server_devices
 
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
-    from areal_core.scheduler.base import Scheduler
+    from areal_core.api.scheduler import Scheduler
     from areal_core.api.weight_channel import ChannelSpec
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from areal_core.api.wire import (
     from_json,
     to_json,
 )
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.scheduler import ProcessSpec
 from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:

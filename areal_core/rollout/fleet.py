@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.engine import InferenceEngine
     from areal_core.rollout.ledger import Ledger
-    from areal_core.scheduler.base import ProcessHandle
+    from areal_core.api.scheduler import ProcessHandle
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_core.scheduler.base import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
+from areal_core.api.scheduler import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
 
 if TYPE_CHECKING:
     from areal_core.config import Config

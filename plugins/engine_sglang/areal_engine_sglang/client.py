@@ -30,7 +30,7 @@ from areal_core.api.engine import GenerationRequest
 from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.api.http_json import answers_ok, get_json
 from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.scheduler import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
 from areal_engine_sglang.protocol import (
     DiskUpdateBody,
@@ -43,7 +43,7 @@ from areal_engine_sglang.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.scheduler.base import Scheduler
+    from areal_core.api.scheduler import Scheduler
     from areal_core.api.weight_channel import ChannelSpec
 
 #: The bearer token (SGLang's ``--api-key``); set it to attach to servers started by hand.

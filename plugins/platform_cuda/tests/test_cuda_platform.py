@@ -13,7 +13,7 @@ from areal_platform_cuda.platform import CudaPlatform, probe_in_child
 from areal_core.errors import ConfigError
 from areal_core.api.platform import resolve_platform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 
 on_gpu = pytest.mark.skipif(not CudaPlatform.is_available(), reason="no usable CUDA GPU here")
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.api.engine import SupportsWeightChannel
 from areal_core.errors import ArealError, ConfigError, ProcessFailedError
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
