@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from areal_core.config import load_config
-from areal_core.scheduler.devices import server_devices, trainer_devices
+from areal_core.api.devices import server_devices, trainer_devices
 
 
 class _Accelerator:

@@ -36,7 +36,7 @@ from areal_core.api.engine import GenerationRequest, GenerationResponse, Inferen
 from areal_core.errors import ArealError, ConfigError
 from areal_core.api.http_json import post_json
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, free_port, log_tail
-from areal_core.scheduler.devices import server_devices
+from areal_core.api.devices import server_devices
 
 if TYPE_CHECKING:
     from areal_core.config import Config

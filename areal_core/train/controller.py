@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.errors import ArealError, ProcessFailedError
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
-from areal_core.scheduler.devices import trainer_devices
+from areal_core.api.devices import trainer_devices
 from areal_core.train.worker import (
     AUTHKEY_ENV,
     Build,

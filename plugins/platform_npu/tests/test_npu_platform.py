@@ -20,7 +20,7 @@ from areal_core.errors import ArealError, ConfigError
 from areal_core.api.platform import resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import ProcessSpec, free_port
-from areal_core.scheduler.devices import physical_devices, server_devices, trainer_devices
+from areal_core.api.devices import physical_devices, server_devices, trainer_devices
 from areal_core.scheduler.local import LocalScheduler
 
 HERE = Path(__file__).parent
