@@ -28,7 +28,7 @@ from areal_core.resolve import resolve_config
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.rollout.workflow import Workflow
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.engine import TrainEngine
 from areal_core.train.packing import first_fit_decreasing
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
                      intermediate_size=768, max_position_embeddings=1024)

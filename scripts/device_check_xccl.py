@@ -44,7 +44,7 @@ def main(ns: argparse.Namespace) -> int:
     from areal_core.scheduler.local import LocalScheduler
     from areal_core.tiny_model import ensure_tiny_model
     from areal_core.train.controller import TrainController
-    from areal_core.trajectory import Trajectory
+    from areal_core.api.trajectory import Trajectory
 
     plugins = load_plugins()
     engine_cls, updater_cls = plugins.get("engine", ns.engine), plugins.get("weight_updater", "xccl")

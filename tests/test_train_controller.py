@@ -17,7 +17,7 @@ from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController, TrainWorkerError
 from areal_core.train.engine import split_minibatches, token_balanced_shares
 from areal_core.train.packing import first_fit_decreasing
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 pytestmark = pytest.mark.slow
 CORPUS = ["0123456789+-=? abcdefghij"]

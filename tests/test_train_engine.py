@@ -23,7 +23,7 @@ from areal_core.train.engine import (
     token_balanced_shares,
 )
 from areal_core.train.optim import lr_factor
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 CORPUS = ["0123456789+-=? abcdefghij"]
 

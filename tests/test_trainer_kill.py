@@ -18,7 +18,7 @@ from areal_core.api.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController, TrainWorkerError
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from areal_core.agent.tool_parsers import tool_parser
 from areal_core.api.engine import InferenceEngine
 from areal_core.errors import ArealError
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from areal_core.trainer import WorkflowFactory, _Planes

@@ -20,7 +20,7 @@ from areal_core.rollout.workflow import (
     sampling_params,
     stop_at_strings,
 )
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 PROMPT_CACHE_SIZE = 4096  # token ids of this many recent prompts are kept
 

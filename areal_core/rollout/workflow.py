@@ -14,7 +14,7 @@ import attrs
 
 from areal_core.config import GenerationConfig
 from areal_core.api.engine import GenerationResponse, InferenceEngine, SamplingParams
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 
 class Workflow(Protocol):

@@ -40,7 +40,7 @@ from areal_core.train.worker import (
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
-    from areal_core.trajectory import Trajectory
+    from areal_core.api.trajectory import Trajectory
     from areal_core.api.weight_channel import ChannelSpec
 
 _POLL_S = 0.2

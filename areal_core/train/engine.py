@@ -30,7 +30,7 @@ from areal_core.train.packing import PackedBatch, first_fit_decreasing, pack, pa
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
-    from areal_core.trajectory import Trajectory
+    from areal_core.api.trajectory import Trajectory
     from areal_core.api.weight_channel import ChannelSpec, WeightChannel
 
 #: Files in a model directory that are weights (not copied next to saved weights by save_hf).

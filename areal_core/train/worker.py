@@ -19,7 +19,7 @@ import attrs
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.train.engine import TrainEngine
-    from areal_core.trajectory import Trajectory
+    from areal_core.api.trajectory import Trajectory
     from areal_core.api.weight_channel import ChannelSpec
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"

@@ -31,7 +31,7 @@ from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 from areal_core.api.weight_channel import plan_buckets
 from areal_reshard_xccl.updater import WeightUpdateError, XcclWeightUpdater
 
