@@ -7,4 +7,4 @@ from areal_core import hookimpl
 def areal_register_datasets(register):
     register("arith", "areal_core.datasets.synthetic:load_arith")
     register("reverse", "areal_core.datasets.synthetic:load_reverse")
-    register("gsm8k", "areal_core.datasets.gsm8k:load_gsm8k")
+    register("gsm8k", "areal_core.builtin.datasets.gsm8k:load_gsm8k")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from areal_core.config import DatasetConfig
-from areal_core.datasets.gsm8k import load_gsm8k
+from areal_core.builtin.datasets.gsm8k import load_gsm8k
 from areal_core.errors import ConfigError
 
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k"
