@@ -261,7 +261,7 @@ def test_rlvr_batches_from_real_hf_servers(tmp_path):
     from transformers import AutoTokenizer
 
     from areal_core.config import Config, DatasetConfig, GenerationConfig, ModelConfig, RolloutConfig, TinyModelSpec
-    from areal_core.datasets.synthetic import load_arith
+    from areal_core.builtin.datasets.synthetic import load_arith
     from areal_core.hf_engine.client import HFEngine
     from areal_core.api.platform import CpuPlatform
     from areal_core.rewards.synthetic import exact_match

@@ -1,4 +1,4 @@
-"""Exact-match rewards for the synthetic tasks in :mod:`areal_core.datasets.synthetic`."""
+"""Exact-match rewards for the synthetic tasks in :mod:`areal_core.builtin.datasets.synthetic`."""
 
 from __future__ import annotations
 

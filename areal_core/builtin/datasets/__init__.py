@@ -5,6 +5,6 @@ from areal_core import hookimpl
 
 @hookimpl
 def areal_register_datasets(register):
-    register("arith", "areal_core.datasets.synthetic:load_arith")
-    register("reverse", "areal_core.datasets.synthetic:load_reverse")
+    register("arith", "areal_core.builtin.datasets.synthetic:load_arith")
+    register("reverse", "areal_core.builtin.datasets.synthetic:load_reverse")
     register("gsm8k", "areal_core.builtin.datasets.gsm8k:load_gsm8k")
