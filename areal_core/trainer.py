@@ -113,7 +113,7 @@ class Trainer:
         if self.config.model.path:  # a hub id becomes its local snapshot: servers load directories
             path = self.config.model.path
             return str(snapshot(path, "model.path")) if is_hub_id(path) else path
-        from areal_core.datasets import corpus
+        from areal_core.api.dataset import corpus
         from areal_core.tiny_model import ensure_tiny_model
 
         path = ensure_tiny_model(self.config.model.tiny, corpus(items), Path(self.config.fileroot) / "models", self.config.seed)
@@ -220,7 +220,7 @@ def _fit(items: list[dict], tokenizer: Any, config: Config, dataset: DatasetConf
     """``items`` that fit the model's context (``max_position_embeddings`` in its config.json)."""
     import json
 
-    from areal_core.datasets import fit_context
+    from areal_core.api.dataset import fit_context
 
     context = json.loads((Path(config.model.path) / "config.json").read_text()).get("max_position_embeddings")
     if dataset is None or not items or not isinstance(context, int):

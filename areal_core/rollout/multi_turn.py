@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from areal_core.config import GenerationConfig
-from areal_core.datasets import reward_data
+from areal_core.api.dataset import reward_data
 from areal_core.api.engine import GenerationRequest, InferenceEngine
 from areal_core.rollout.workflow import (
     RewardScorer,

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from areal_core.config import GenerationConfig
-from areal_core.datasets import reward_data
+from areal_core.api.dataset import reward_data
 from areal_core.api.engine import GenerationRequest, InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.workflow import (

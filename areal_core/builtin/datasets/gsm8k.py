@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_core.config import DatasetConfig
-from areal_core.datasets import dataset_key, dataset_options
+from areal_core.api.dataset import dataset_key, dataset_options
 from areal_core.errors import ConfigError
 from areal_core.hub import is_hub_id, snapshot
 

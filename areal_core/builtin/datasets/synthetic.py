@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from areal_core.config import DatasetConfig
-from areal_core.datasets import dataset_key, dataset_options
+from areal_core.api.dataset import dataset_key, dataset_options
 from areal_core.errors import ConfigError
 
 #: ``size: 0`` (all items) is refused above this many, so a typo cannot build millions of items.
