@@ -9,7 +9,7 @@
   ``huggingface_hub`` into its cache; offline, the cached copy is used.
 
 Parquet needs ``pyarrow``. Items keep the whole gold solution as ``answer``;
-:func:`areal_core.rewards.math.math_reward` extracts its ``#### N``.
+:func:`areal_core.builtin.rewards.math.math_reward` extracts its ``#### N``.
 """
 
 from __future__ import annotations
