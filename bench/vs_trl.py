@@ -114,7 +114,7 @@ def trl_main(seed: int, threads: int, steps: int, model_dir: str, out: str) -> N
     from trl import GRPOConfig, GRPOTrainer
 
     from areal_core.api.dataset import load_dataset
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     config = job_config(seed, Path(tempfile.gettempdir()), steps)
     train = load_dataset(config.train_dataset, "train")
@@ -161,7 +161,7 @@ def trl_main(seed: int, threads: int, steps: int, model_dir: str, out: str) -> N
 def greedy_accuracy(model, tokenizer, items: list[dict], max_new_tokens: int) -> float:
     import torch
 
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     model.eval()
     hits = 0.0
@@ -198,7 +198,7 @@ def floor_main(threads: int, steps: int, model_dir: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from areal_core.api.dataset import load_dataset
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from areal_core.builtin.datasets.gsm8k import load_gsm8k
 from areal_core.builtin.datasets.synthetic import load_arith, load_reverse
 from areal_core.errors import ConfigError, PluginError
 from areal_core.plugins import load_plugins
-from areal_core.rewards.synthetic import exact_match
+from areal_core.builtin.rewards.synthetic import exact_match
 
 SHARED_GSM8K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k"
 

@@ -9,7 +9,7 @@ from rollout_doubles import ScriptedEngine
 
 from areal_core.config import GenerationConfig
 from areal_core.api.engine import GenerationRequest
-from areal_core.rewards.synthetic import exact_match
+from areal_core.builtin.rewards.synthetic import exact_match
 from areal_core.rollout.multi_turn import FEEDBACK, MultiTurnWorkflow
 from areal_core.rollout.reward_runner import RewardRunner
 from areal_core.rollout.rlvr import RLVRWorkflow

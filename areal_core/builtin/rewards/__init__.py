@@ -7,5 +7,5 @@ from areal_core import hookimpl
 def areal_register_rewards(register):
     register("math", "areal_core.builtin.rewards.math:math_reward")
     register("gsm8k", "areal_core.builtin.rewards.math:math_reward")
-    register("arith", "areal_core.rewards.synthetic:arith_reward")
-    register("reverse", "areal_core.rewards.synthetic:reverse_reward")
+    register("arith", "areal_core.builtin.rewards.synthetic:arith_reward")
+    register("reverse", "areal_core.builtin.rewards.synthetic:reverse_reward")
