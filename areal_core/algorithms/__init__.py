@@ -5,7 +5,7 @@ Every one is a :class:`ClippedPolicyGradient`: outcome-reward advantages from
 may subclass any of them or compose those two modules.
 """
 
-from areal_core.algorithms.base import ClippedPolicyGradient
+from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 from areal_core.algorithms.grpo import DAPO, GRPO, DrGRPO
 from areal_core.algorithms.gspo import GSPO
 from areal_core.algorithms.ppo import PPO, ReinforcePlusPlus

@@ -6,7 +6,7 @@ import attrs
 import torch
 
 from areal_core.algorithms.advantages import AdvantageSpec, uniform_reward_samples
-from areal_core.algorithms.base import ClippedPolicyGradient
+from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 
 
 class GRPO(ClippedPolicyGradient):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from areal_core.algorithms.advantages import AdvantageSpec
-from areal_core.algorithms.base import ClippedPolicyGradient
+from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 
 
 class PPO(ClippedPolicyGradient):
