@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from areal_core.algorithms.advantages import AdvantageSpec, uniform_reward_samples
+from areal_core.builtin.algorithms.advantages import AdvantageSpec, uniform_reward_samples
 from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from areal_core.algorithms.advantages import AdvantageSpec
+from areal_core.builtin.algorithms.advantages import AdvantageSpec
 from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 
 
