@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from areal_core.algorithms.grpo import GRPO
+from areal_core.builtin.algorithms.grpo import GRPO
 from areal_core.config import ActorConfig
 
 

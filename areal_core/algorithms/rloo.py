@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from areal_core.builtin.algorithms.advantages import AdvantageSpec
-from areal_core.algorithms.grpo import GRPO
+from areal_core.builtin.algorithms.grpo import GRPO
 
 
 class RLOO(GRPO):
