@@ -16,7 +16,7 @@ import torch
 
 from areal_core.api.algorithm import LossInput
 from areal_core.algorithms import GRPO
-from areal_core.algorithms.ppo_loss import PolicyTerms, behaviour_weights, finish_loss, mask_inputs, policy_ratio
+from areal_core.builtin.algorithms.ppo_loss import PolicyTerms, behaviour_weights, finish_loss, mask_inputs, policy_ratio
 
 
 class CISPO(GRPO):
