@@ -9,6 +9,6 @@ from areal_core.builtin.algorithms.base import ClippedPolicyGradient
 from areal_core.builtin.algorithms.grpo import DAPO, GRPO, DrGRPO
 from areal_core.builtin.algorithms.gspo import GSPO
 from areal_core.builtin.algorithms.ppo import PPO, ReinforcePlusPlus
-from areal_core.algorithms.rloo import RLOO
+from areal_core.builtin.algorithms.rloo import RLOO
 
 __all__ = ["DAPO", "GRPO", "GSPO", "PPO", "RLOO", "ClippedPolicyGradient", "DrGRPO", "ReinforcePlusPlus"]
