@@ -11,7 +11,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from areal_core.api.algorithm import Algorithm, LossInput
-from areal_core.algorithms import DAPO, GRPO, GSPO, PPO, RLOO, DrGRPO, ReinforcePlusPlus
+from areal_core.builtin.algorithms.rloo import RLOO
+from areal_core.builtin.algorithms.ppo import ReinforcePlusPlus
+from areal_core.builtin.algorithms.ppo import PPO
+from areal_core.builtin.algorithms.gspo import GSPO
+from areal_core.builtin.algorithms.grpo import DrGRPO
+from areal_core.builtin.algorithms.grpo import GRPO
+from areal_core.builtin.algorithms.grpo import DAPO
 from areal_core.builtin.algorithms import ALGORITHMS
 from areal_core.config import ActorConfig, load_config
 from areal_core.errors import ConfigError

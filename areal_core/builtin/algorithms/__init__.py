@@ -1,19 +1,23 @@
-"""Built-in algorithms; each is a class in :mod:`areal_core.algorithms`, imported on first use."""
+"""Built-in RL algorithms, registered here and imported on first use.
+
+Every one is a :class:`~areal_core.builtin.algorithms.base.ClippedPolicyGradient`: outcome-reward
+advantages from :mod:`.advantages` and the decoupled PPO objective from :mod:`.ppo_loss`.
+"""
 
 from areal_core import hookimpl
 
 ALGORITHMS = {
-    "grpo": "GRPO",
-    "ppo": "PPO",
-    "dr_grpo": "DrGRPO",
-    "dapo": "DAPO",
-    "rloo": "RLOO",
-    "gspo": "GSPO",
-    "reinforce_pp": "ReinforcePlusPlus",
+    "grpo": "grpo:GRPO",
+    "ppo": "ppo:PPO",
+    "dr_grpo": "grpo:DrGRPO",
+    "dapo": "grpo:DAPO",
+    "rloo": "rloo:RLOO",
+    "gspo": "gspo:GSPO",
+    "reinforce_pp": "ppo:ReinforcePlusPlus",
 }
 
 
 @hookimpl
 def areal_register_algorithms(register):
-    for name, cls_name in ALGORITHMS.items():
-        register(name, f"areal_core.algorithms:{cls_name}")
+    for name, target in ALGORITHMS.items():
+        register(name, f"{__name__}.{target}")
