@@ -109,7 +109,7 @@ def fake() -> Iterator[Proxied]:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     from transformers import AutoTokenizer
 
-    from areal_core.hf_engine.client import HFEngine
+    from areal_core.builtin.engine_hf.client import HFEngine
     from areal_core.api.platform import CpuPlatform
     from areal_core.scheduler.local import LocalScheduler
 

@@ -29,7 +29,7 @@ from areal_core.control import CONTROL_FILE, ControlServer, control_call
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
-from areal_core.hf_engine.client import HFEngine
+from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.api.platform import CpuPlatform
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
@@ -295,7 +295,7 @@ ELASTIC_RUN = [
 
 def _server_pids(mark: str) -> list[int]:
     return sorted(
-        pid for pid in marked_pids(mark) if b"areal_core.hf_engine.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        pid for pid in marked_pids(mark) if b"areal_core.builtin.engine_hf.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     )
 
 

@@ -25,8 +25,8 @@ from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.hf_engine.generator import sample
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.engine_hf.generator import sample
 from areal_core.api.platform import CpuPlatform
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler

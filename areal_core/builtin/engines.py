@@ -5,4 +5,4 @@ from areal_core import hookimpl
 
 @hookimpl
 def areal_register_inference_engines(register):
-    register("hf", "areal_core.hf_engine.client:HFEngine")
+    register("hf", "areal_core.builtin.engine_hf.client:HFEngine")

@@ -1,4 +1,4 @@
-"""The hf generation server: ``python -m areal_core.hf_engine.server --model DIR --port N ...``.
+"""The hf generation server: ``python -m areal_core.builtin.engine_hf.server --model DIR --port N ...``.
 
 An aiohttp app on 127.0.0.1 in front of a :class:`Generator`. ``GET /health`` is open; every
 other endpoint needs ``Authorization: Bearer $AREAL_SERVER_TOKEN``. Bodies are the attrs classes
@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import torch
 from aiohttp import web
 
-from areal_core.hf_engine.generator import Generator
+from areal_core.builtin.engine_hf.generator import Generator
 from areal_core.api.wire import (
     TOKEN_ENV,
     GenerateBody,
@@ -31,7 +31,7 @@ from areal_core.api.wire import (
     from_json,
     to_json,
 )
-from areal_core.hf_engine.receiver import (
+from areal_core.builtin.engine_hf.receiver import (
     StagedWeights,
     WeightGroup,
     check_load_path,
@@ -42,7 +42,7 @@ from areal_core.hf_engine.receiver import (
 )
 from areal_core.api.weight_channel import bucket_nbytes
 
-log = logging.getLogger("areal_core.hf_engine.server")
+log = logging.getLogger("areal_core.builtin.engine_hf.server")
 #: Test hook: a server started with this set to a version fails that version's commit.
 FAIL_COMMIT_ENV = "AREAL_HF_FAIL_COMMIT"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

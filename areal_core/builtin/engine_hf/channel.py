@@ -1,7 +1,7 @@
 """The hf engine's weight channel (trainer half): flat gloo buckets to hf servers.
 
 Rank 0 hosts the TCPStore and joins gloo group ``group_name`` as rank 0 while every server joins
-through ``POST /init_weight_group`` (the server end is :class:`~areal_core.hf_engine.receiver.WeightGroup`,
+through ``POST /init_weight_group`` (the server end is :class:`~areal_core.builtin.engine_hf.receiver.WeightGroup`,
 built the same way); each bucket is ``POST /receive_weights`` (staged on the server) while rank 0
 broadcasts it. The controller's ``HFEngine.commit_weights`` swaps the staged buckets in.
 """
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody, to_json
-from areal_core.hf_engine.receiver import join_gloo_group
+from areal_core.builtin.engine_hf.receiver import join_gloo_group
 from areal_core.api.weight_channel import Bucket, ChannelSpec, FlatBucketChannel, post_all
 
 _LABEL = "hf server"

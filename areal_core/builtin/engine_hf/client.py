@@ -1,4 +1,4 @@
-"""HFEngine: the client of hf generation servers (see :mod:`areal_core.hf_engine.server`).
+"""HFEngine: the client of hf generation servers (see :mod:`areal_core.builtin.engine_hf.server`).
 
 ``agenerate`` runs on the rollout controller's event loop (a background thread) with one aiohttp
 session per call; control calls (``pause``, ``load_weights_from_disk``, ...) come from the main
@@ -61,7 +61,7 @@ class HFEngine(HTTPServerEngine):
     # ---------------------------------------------------------------- servers
     def server_spec(self, index: int, port: int, run_dir: Path) -> ProcessSpec:
         cmd = [
-            sys.executable, "-m", "areal_core.hf_engine.server",
+            sys.executable, "-m", "areal_core.builtin.engine_hf.server",
             "--model", self.config.model.path,
             "--port", str(port),
             "--dtype", self.config.model.dtype,
@@ -118,8 +118,8 @@ class HFEngine(HTTPServerEngine):
         self._broadcast("/set_version", to_json(VersionBody(version=version)))
 
     def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
-        """Gloo buckets from trainer rank 0 (:mod:`areal_core.hf_engine.channel`)."""
-        return self._channel_spec("areal_core.hf_engine.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name)
+        """Gloo buckets from trainer rank 0 (:mod:`areal_core.builtin.engine_hf.channel`)."""
+        return self._channel_spec("areal_core.builtin.engine_hf.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name)
 
     def commit_weights(self, version: int) -> None:
         """Phase two of a collective update (every member staged it): all commit, and ``version``

@@ -181,7 +181,7 @@ class WeightGroup:
 
     The group is gloo, built with torch's public ``ProcessGroupGloo`` over a ``PrefixStore`` of the
     trainer's TCPStore (hosted by trainer rank 0): the hf engine's channel
-    (:mod:`areal_core.hf_engine.channel`) builds the other end the same way.
+    (:mod:`areal_core.builtin.engine_hf.channel`) builds the other end the same way.
     """
 
     def __init__(self, body: WeightGroupBody, timeout_s: float) -> None:
