@@ -48,7 +48,7 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
 
 BUILTIN_MODULES: tuple[str, ...] = (
     "areal_core.builtin.platform_cpu",
-    "areal_core.builtin.engines",
+    "areal_core.builtin.engine_hf",
     "areal_core.builtin.algorithms",
     "areal_core.builtin.rewards",
     "areal_core.builtin.datasets",
