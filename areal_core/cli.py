@@ -52,7 +52,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.config import dump_yaml, load_config
-    from areal_core.api.platform import unavailable_message
+    from areal_core.active_platform import unavailable_message
     from areal_core.plugins import load_plugins
     from areal_core.preflight import hub_notes, preflight
     from areal_core.resolve import resolve_config

@@ -6,7 +6,8 @@ import attrs
 
 from areal_core.config import Config
 from areal_core.errors import ConfigError, PluginError
-from areal_core.api.platform import Platform, resolve_platform
+from areal_core.api.platform import Platform
+from areal_core.active_platform import resolve_platform
 from areal_core.plugins import Plugins
 
 #: (dotted config key, plugin kind) for every name a config selects.

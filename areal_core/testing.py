@@ -44,7 +44,7 @@ class PluginSetFactory:
 @pytest.fixture
 def areal_plugins() -> Iterator[PluginSetFactory]:
     """A fresh :class:`PluginSetFactory`; the active platform is reset afterwards."""
-    from areal_core.api.platform import _reset_for_tests
+    from areal_core.active_platform import _reset_for_tests
 
     yield PluginSetFactory()
     _reset_for_tests()

@@ -121,7 +121,7 @@ class Trainer:
 
     def run(self) -> RunSummary:
         """Check what the config points at, lock the run directory, start both planes, train."""
-        from areal_core.api.platform import activate_platform
+        from areal_core.active_platform import activate_platform
         from areal_core.preflight import preflight
         from areal_core.run_lock import RunLock
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.engine import TrainEngine

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from areal_core.config import TinyModelSpec, load_config
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import ProcessSpec
 from areal_core.scheduler.local import LocalScheduler

@@ -9,7 +9,7 @@ from typing import Callable
 
 from areal_core.config import Config
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 
 Script = Callable[[GenerationRequest], list[int]]
 

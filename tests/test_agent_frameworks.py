@@ -110,7 +110,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     from transformers import AutoTokenizer
 
     from areal_core.builtin.engine_hf.client import HFEngine
-    from areal_core.api.platform import CpuPlatform
+    from areal_core.builtin.platform_cpu.platform import CpuPlatform
     from areal_core.scheduler.local import LocalScheduler
 
     root = tmp_path_factory.mktemp("frameworks")

@@ -25,7 +25,7 @@ from openai import AsyncOpenAI, BadRequestError, OpenAI
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
 from areal_core.builtin.engine_hf.client import HFEngine
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.staleness import StalenessManager
 from areal_core.rollout.workflow import encode_chat

@@ -30,7 +30,7 @@ from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
 from areal_core.api.scheduler import ProcessDiedError

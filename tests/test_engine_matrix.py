@@ -32,7 +32,9 @@ import torch
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.api.http_engine import wait_healthy
-from areal_core.api.platform import CpuPlatform, Platform, resolve_platform
+from areal_core.api.platform import Platform
+from areal_core.active_platform import resolve_platform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler

@@ -27,7 +27,7 @@ from areal_core.api.http_engine import Router
 from areal_core.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.generator import sample
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (

@@ -263,7 +263,7 @@ def test_rlvr_batches_from_real_hf_servers(tmp_path):
     from areal_core.config import Config, DatasetConfig, GenerationConfig, ModelConfig, RolloutConfig, TinyModelSpec
     from areal_core.builtin.datasets.synthetic import load_arith
     from areal_core.builtin.engine_hf.client import HFEngine
-    from areal_core.api.platform import CpuPlatform
+    from areal_core.builtin.platform_cpu.platform import CpuPlatform
     from areal_core.builtin.rewards.synthetic import exact_match
     from areal_core.rollout.reward_runner import RewardRunner
     from areal_core.rollout.rlvr import RLVRWorkflow

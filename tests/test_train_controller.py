@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController, TrainWorkerError

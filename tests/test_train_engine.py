@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import OptimizerConfig, TinyModelSpec, load_config
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.engine import (

@@ -14,7 +14,7 @@ import pytest
 from quickstart_runs import LAUNCHER, assert_same_params, cmdline, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import TinyModelSpec, load_config
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.controller import TrainController, TrainWorkerError

@@ -25,7 +25,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.errors import ArealError, ProcessFailedError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.scheduler.local import LocalScheduler

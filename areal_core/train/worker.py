@@ -49,7 +49,7 @@ class Build:
     model_path: str
 
     def build(self) -> TrainEngine:
-        from areal_core.api.platform import current_platform
+        from areal_core.active_platform import current_platform
         from areal_core.plugins import load_plugins
         from areal_core.train.engine import TrainEngine
 

@@ -1,7 +1,7 @@
 """Built-in platform: CPU (gloo)."""
 
 from areal_core import hookimpl
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 
 
 @hookimpl

@@ -28,7 +28,7 @@ import torch
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.errors import ArealError, ConfigError
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import ProcessSpec, free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, hf_greedy, perturbed_model

@@ -17,7 +17,7 @@ from areal_platform_npu.platform import SERVING_ENV, NpuPlatform
 
 from areal_core.config import load_config
 from areal_core.errors import ArealError, ConfigError
-from areal_core.api.platform import resolve_platform
+from areal_core.active_platform import resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import ProcessSpec, free_port
 from areal_core.api.devices import physical_devices, server_devices, trainer_devices

@@ -18,7 +18,7 @@ from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, GenerationResponse, SamplingParams
 from areal_core.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model

@@ -26,7 +26,7 @@ from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.receiver import tensor_digest
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
-from areal_core.api.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
