@@ -39,8 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(ns: argparse.Namespace) -> int:
     from areal_core.config import TinyModelSpec, load_config
     from areal_core.api.engine import GenerationRequest, SamplingParams, SupportsWeightChannel
-    from areal_core.active_platform import activate_platform
-    from areal_core.active_platform import resolve_platform
+    from areal_core.active_platform import activate_platform, resolve_platform
     from areal_core.plugins import load_plugins
     from areal_core.scheduler.local import LocalScheduler
     from areal_core.tiny_model import ensure_tiny_model

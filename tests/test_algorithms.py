@@ -12,12 +12,9 @@ from hypothesis import strategies as st
 
 from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.builtin.algorithms.rloo import RLOO
-from areal_core.builtin.algorithms.ppo import ReinforcePlusPlus
-from areal_core.builtin.algorithms.ppo import PPO
+from areal_core.builtin.algorithms.ppo import ReinforcePlusPlus, PPO
 from areal_core.builtin.algorithms.gspo import GSPO
-from areal_core.builtin.algorithms.grpo import DrGRPO
-from areal_core.builtin.algorithms.grpo import GRPO
-from areal_core.builtin.algorithms.grpo import DAPO
+from areal_core.builtin.algorithms.grpo import DrGRPO, GRPO, DAPO
 from areal_core.builtin.algorithms import ALGORITHMS
 from areal_core.config import ActorConfig, load_config
 from areal_core.errors import ConfigError

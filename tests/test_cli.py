@@ -60,8 +60,8 @@ def test_plugins_lists_builtins_without_heavy_imports():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     by_name = {row["name"]: row for row in rows}
-    assert by_name["builtin-engines"]["registered"] == {"engine": ["hf"]}
-    assert by_name["builtin-platforms"]["distribution"] == "areal-core"
+    assert by_name["builtin-engine_hf"]["registered"] == {"engine": ["hf"]}
+    assert by_name["builtin-platform_cpu"]["distribution"] == "areal-core"
     assert json.loads(result.stderr.strip().splitlines()[-1]) == []
 
 
