@@ -14,7 +14,7 @@ __version__ = (Path(__file__).parent / "VERSION").read_text().strip()  # the one
 hookimpl = pluggy.HookimplMarker("areal")
 
 from areal_core.config import load_config  # noqa: E402
-from areal_core.errors import ArealError, ConfigError, PluginError  # noqa: E402
+from areal_core.api.errors import ArealError, ConfigError, PluginError  # noqa: E402
 
 
 def run(config_path: str | None = None, overrides: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal_core.api.platform import Platform
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.errors import ConfigError, PluginError
 
 
 def resolve_platform(

@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from areal_core.config import config_and_overrides
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 
 def _split_config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:

@@ -16,7 +16,7 @@ from typing import Any, Literal, Sequence, Union
 import attrs
 import yaml
 
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 frozen = attrs.frozen(kw_only=True)
 

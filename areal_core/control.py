@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.rollout.fleet import ServerFleet

@@ -85,7 +85,7 @@ def areal_configure(config: Config) -> Config | None:
     """Validate or adjust the resolved config once plugins are loaded.
 
     Called for every plugin in registration order; each sees the previous one's result.
-    Raise :class:`areal_core.errors.ConfigError` naming the dotted key to reject a config.
+    Raise :class:`areal_core.api.errors.ConfigError` naming the dotted key to reject a config.
 
     :param config: the config so far (frozen; use ``attrs.evolve`` to change it).
     :return: an updated config, or ``None`` to keep it as is.

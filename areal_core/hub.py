@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 

@@ -21,7 +21,7 @@ import attrs
 import pluggy
 
 from areal_core import hookspecs
-from areal_core.errors import ArealError, PluginError
+from areal_core.api.errors import ArealError, PluginError
 
 ENTRY_POINT_GROUP = "areal"
 

@@ -117,7 +117,7 @@ def main(ns: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     args = parse_args()
-    from areal_core.errors import ArealError
+    from areal_core.api.errors import ArealError
 
     try:
         sys.exit(main(args))

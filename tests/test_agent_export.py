@@ -30,7 +30,7 @@ from areal_core.agent.sessions import UnknownCompletion
 from areal_core.agent.sse import DONE
 from areal_core.agent.tool_parsers import hermes, llama3_json, mistral, tool_parser
 from areal_core.config import GenerationConfig
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.errors import ConfigError, PluginError
 from areal_core.tiny_model import build_char_tokenizer
 
 

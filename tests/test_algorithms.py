@@ -17,7 +17,7 @@ from areal_core.builtin.algorithms.gspo import GSPO
 from areal_core.builtin.algorithms.grpo import DrGRPO, GRPO, DAPO
 from areal_core.builtin.algorithms import ALGORITHMS
 from areal_core.config import ActorConfig, load_config
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 from areal_core.plugins import load_plugins
 
 ALL = [GRPO, PPO, DrGRPO, DAPO, RLOO, GSPO, ReinforcePlusPlus]

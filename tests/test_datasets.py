@@ -14,7 +14,7 @@ from areal_core.config import DatasetConfig, load_config
 from areal_core.api.dataset import corpus, load_dataset, reward_data
 from areal_core.builtin.datasets.gsm8k import load_gsm8k
 from areal_core.builtin.datasets.synthetic import load_arith, load_reverse
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.errors import ConfigError, PluginError
 from areal_core.plugins import load_plugins
 from areal_core.builtin.rewards.synthetic import exact_match
 

@@ -28,7 +28,7 @@ from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.control import CONTROL_FILE, ControlServer, control_call
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.fleet import ServerFleet

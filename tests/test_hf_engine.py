@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.generator import sample
 from areal_core.builtin.platform_cpu.platform import CpuPlatform

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.errors import ConfigError, PluginError
 from areal_core.api.platform import Platform
 from areal_core.active_platform import current_platform, activate_platform, resolve_platform
 from areal_core.builtin.platform_cpu.platform import CpuPlatform

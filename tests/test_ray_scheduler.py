@@ -27,7 +27,7 @@ from quickstart_runs import (
 )
 
 from areal_core.config import Config, load_config
-from areal_core.errors import ArealError, ConfigError
+from areal_core.api.errors import ArealError, ConfigError
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler import ProcessDiedError, ProcessSpec, make_scheduler

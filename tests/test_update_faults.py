@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.errors import ArealError, ProcessFailedError
+from areal_core.api.errors import ArealError, ProcessFailedError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
 from areal_core.builtin.platform_cpu.platform import CpuPlatform

@@ -43,7 +43,7 @@ from areal_core.api.engine import (
     InferenceEngine,
     SamplingParams,
 )
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.rollout.workflow import encode_chat, sampling_params, stop_at_strings
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from areal_core.agent.export import ExportMode, export_session
 from areal_core.agent.proxy import AgentProxy, ProxyServer
 from areal_core.agent.tool_parsers import tool_parser
 from areal_core.api.engine import InferenceEngine
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.api.trajectory import Trajectory
 
@@ -154,7 +154,7 @@ def agent_workflow(agent: AgentFn | None = None) -> WorkflowFactory:
         )
         command = list(config.agent.command)
         if agent is None and not command:
-            from areal_core.errors import ConfigError
+            from areal_core.api.errors import ConfigError
 
             raise ConfigError("agent.command", "is empty; set the agent program to run or pass an agent function")
         workflow = AgentWorkflow(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError, ConfigError, PluginError
+from areal_core.api.errors import ArealError, ConfigError, PluginError
 
 if TYPE_CHECKING:
     from areal_core.config import DatasetConfig

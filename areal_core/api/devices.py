@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.config import Config

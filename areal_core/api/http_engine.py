@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import attrs
 
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
-from areal_core.errors import ArealError, ConfigError
+from areal_core.api.errors import ArealError, ConfigError
 from areal_core.api.http_json import post_json
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, free_port, log_tail
 from areal_core.api.devices import server_devices

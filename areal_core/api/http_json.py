@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 
 def answers_ok(address: str, endpoint: str = "/health", timeout: float = 1.0) -> bool:

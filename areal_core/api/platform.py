@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 
 class Platform:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import attrs
 
-from areal_core.errors import ProcessFailedError
+from areal_core.api.errors import ProcessFailedError
 
 
 @attrs.frozen(kw_only=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.config import Config

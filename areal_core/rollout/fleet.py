@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError, ProcessFailedError
+from areal_core.api.errors import ArealError, ProcessFailedError
 
 if TYPE_CHECKING:
     from areal_core.config import Config

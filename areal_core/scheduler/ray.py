@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
-from areal_core.errors import ArealError, ConfigError
+from areal_core.api.errors import ArealError, ConfigError
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler
 from areal_core.scheduler.local import LocalProcess, spawn
 

@@ -18,7 +18,7 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError, ProcessFailedError
+from areal_core.api.errors import ArealError, ProcessFailedError
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
 from areal_core.api.devices import trainer_devices
 from areal_core.train.worker import (

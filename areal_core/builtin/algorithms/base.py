@@ -13,7 +13,7 @@ import torch
 from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.builtin.algorithms.advantages import AdvantageSpec, normalize_rewards
 from areal_core.builtin.algorithms.ppo_loss import PPOLossOptions, RatioLevel, Reduction, decoupled_ppo_loss
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal_core.config import ActorConfig

@@ -12,7 +12,7 @@ from typing import Any
 
 from areal_core.config import DatasetConfig
 from areal_core.api.dataset import dataset_key, dataset_options
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 #: ``size: 0`` (all items) is refused above this many, so a typo cannot build millions of items.
 MAX_ENUMERATED = 100_000

@@ -20,7 +20,7 @@ from areal_core.config import from_dict
 from areal_core.api.engine import GenerationRequest
 from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.api.http_json import post_json
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.wire import (
     TOKEN_ENV,
     GenerateBody,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from areal_core.api.engine import GenerationRequest
 from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.api.http_json import answers_ok, get_json
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.scheduler import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
 from areal_engine_sglang.protocol import (

@@ -13,7 +13,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.http_engine import command_line_flags
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal_core.config import Config

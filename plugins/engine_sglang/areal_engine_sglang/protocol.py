@@ -22,7 +22,7 @@ import attrs
 
 from areal_core.api.engine import SamplingParams
 from areal_core.api.http_engine import Segment
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.wire import to_json
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
-from areal_core.errors import ArealError, ConfigError
+from areal_core.api.errors import ArealError, ConfigError
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import ProcessSpec, free_port
 from areal_core.scheduler.local import LocalScheduler

@@ -25,7 +25,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from areal_core.errors import ArealError, PluginError
+from areal_core.api.errors import ArealError, PluginError
 from areal_core.api.weight_channel import ChannelSpec, TensorSource, WeightChannel, parse_dtype
 from areal_engine_vllm.sync_client import ServersSyncClient
 from areal_engine_vllm.vllm_internals import internal

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.api.http_json import answers_ok, get_json
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.scheduler import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
 from areal_engine_vllm.protocol import (

@@ -26,7 +26,7 @@ from areal_engine_vllm.client import VLLMEngine  # noqa: E402
 from areal_engine_vllm.launch import server_command  # noqa: E402
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
-from areal_core.errors import ArealError  # noqa: E402
+from areal_core.api.errors import ArealError  # noqa: E402
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import free_port  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402

@@ -14,7 +14,7 @@ import os
 from importlib.util import find_spec
 from typing import Any
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.platform import Platform
 
 #: Environment variables the CANN ``set_env.sh`` scripts export; one set means CANN is set up.

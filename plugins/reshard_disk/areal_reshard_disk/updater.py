@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, GenerationResponse, SamplingParams
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.engine import SupportsWeightChannel
-from areal_core.errors import ArealError, ConfigError, ProcessFailedError
+from areal_core.api.errors import ArealError, ConfigError, ProcessFailedError
 from areal_core.api.scheduler import free_port
 from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
