@@ -27,7 +27,7 @@ from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fin
 from areal_core.resolve import resolve_config
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.failures import FailureCounts, FailureTracker
-from areal_core.rollout.workflow import Workflow
+from areal_core.api.workflow import Workflow
 from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)

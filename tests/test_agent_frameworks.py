@@ -24,7 +24,7 @@ from openai import AsyncOpenAI, OpenAI
 from areal_core.agent import AgentProxy, ProxyServer, Session, export_session
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
 from areal_core.api.engine import GenerationRequest, GenerationResponse
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.workflow import encode_chat
 from areal_core.tiny_model import build_char_tokenizer, ensure_tiny_model
 
 CORPUS = [string.ascii_letters + string.digits + string.punctuation + " "]

@@ -28,7 +28,7 @@ from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.staleness import StalenessManager
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.workflow import encode_chat
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import LoopThread
 from areal_core.tiny_model import ensure_tiny_model

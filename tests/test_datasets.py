@@ -214,7 +214,7 @@ def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog
 
     from areal_core.config import TinyModelSpec
     from areal_core.api.dataset import fit_context
-    from areal_core.rollout.workflow import encode_chat
+    from areal_core.api.workflow import encode_chat
     from areal_core.tiny_model import ensure_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(TinyModelSpec(), ["1+2=3 "], tmp_path, seed=0))

@@ -16,7 +16,7 @@ from areal_core.rollout.controller import RolloutController
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
-from areal_core.rollout.workflow import TokenSequence
+from areal_core.api.workflow import TokenSequence
 from areal_core.api.trajectory import Trajectory
 
 #: Largest version lag of a consumed token per bound, over the controller tests (reported).

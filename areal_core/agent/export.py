@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from areal_core.agent.sessions import Completion, Session
 from areal_core.api.engine import GenerationResponse
-from areal_core.rollout.workflow import TokenSequence
+from areal_core.api.workflow import TokenSequence
 from areal_core.api.trajectory import Trajectory
 
 ExportMode = Literal["individual", "concat"]

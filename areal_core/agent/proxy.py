@@ -44,7 +44,7 @@ from areal_core.api.engine import (
     SamplingParams,
 )
 from areal_core.api.errors import ArealError
-from areal_core.rollout.workflow import encode_chat, sampling_params, stop_at_strings
+from areal_core.api.workflow import encode_chat, sampling_params, stop_at_strings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -86,7 +86,7 @@ def fit_context(
     """
     import logging
 
-    from areal_core.rollout.workflow import encode_chat
+    from areal_core.api.workflow import encode_chat
 
     budget = context - max_new_tokens
     def n_tokens(prompt: str) -> int:

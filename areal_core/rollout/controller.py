@@ -26,7 +26,7 @@ from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.failures import FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
-from areal_core.rollout.workflow import Workflow
+from areal_core.api.workflow import Workflow
 from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)

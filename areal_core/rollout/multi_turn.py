@@ -13,7 +13,7 @@ from typing import Any
 from areal_core.config import GenerationConfig
 from areal_core.api.dataset import reward_data
 from areal_core.api.engine import GenerationRequest, InferenceEngine
-from areal_core.rollout.workflow import (
+from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
     encode_chat,

@@ -12,7 +12,7 @@ from areal_core.config import GenerationConfig
 from areal_core.api.dataset import reward_data
 from areal_core.api.engine import GenerationRequest, InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.rollout.workflow import (
+from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
     encode_chat,
