@@ -220,7 +220,7 @@ def _fit(items: list[dict], tokenizer: Any, config: Config, dataset: DatasetConf
     """``items`` that fit the model's context (``max_position_embeddings`` in its config.json)."""
     import json
 
-    from areal_core.api.dataset import fit_context
+    from areal_core.dataset_loading import fit_context
 
     context = json.loads((Path(config.model.path) / "config.json").read_text()).get("max_position_embeddings")
     if dataset is None or not items or not isinstance(context, int):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from areal_core import hookimpl
 from areal_core.config import DatasetConfig, load_config
-from areal_core.api.dataset import corpus, load_dataset, reward_data
+from areal_core.api.dataset import corpus, reward_data
+from areal_core.dataset_loading import load_dataset
 from areal_core.builtin.datasets.gsm8k import load_gsm8k
 from areal_core.builtin.datasets.synthetic import load_arith, load_reverse
 from areal_core.api.errors import ConfigError, PluginError
@@ -213,7 +214,7 @@ def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog
     from transformers import AutoTokenizer
 
     from areal_core.config import TinyModelSpec
-    from areal_core.api.dataset import fit_context
+    from areal_core.dataset_loading import fit_context
     from areal_core.api.workflow import encode_chat
     from areal_core.tiny_model import ensure_tiny_model
 
