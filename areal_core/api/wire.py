@@ -1,7 +1,9 @@
-"""JSON bodies exchanged between :class:`HFEngine` and the hf server (one attrs class each)."""
+"""The wire protocol every HTTP engine shares: the JSON bodies (one attrs class each) between an
+engine client and its server, their (de)serialisation, and the load-path check of disk updates."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -102,3 +104,21 @@ def from_json(cls: type[T], data: Any) -> T:
         return cls(**data)
     except TypeError as exc:
         raise ValueError(f"{cls.__name__}: {exc}") from None
+
+
+def check_load_path(path: str, allowed_root: Path) -> Path:
+    """The resolved directory to load, or ValueError if it is outside ``allowed_root``.
+
+    A component starting with "." (a writer's temporary directory) is refused too, so a
+    half-written update can never be loaded.
+    """
+    root = allowed_root.resolve()
+    target = Path(path).resolve()
+    if not target.is_relative_to(root):
+        raise ValueError(f"refusing to load {path!r}: it is outside the server's --allowed-root {str(root)!r}")
+    hidden = [part for part in target.relative_to(root).parts if part.startswith(".")]
+    if hidden:
+        raise ValueError(f"refusing to load {path!r}: component {hidden[0]!r} starts with '.' (a temporary directory)")
+    if not target.is_dir():
+        raise ValueError(f"refusing to load {path!r}: not a directory")
+    return target

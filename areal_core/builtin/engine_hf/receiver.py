@@ -20,24 +20,6 @@ from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
 log = logging.getLogger(__name__)
 
 
-def check_load_path(path: str, allowed_root: Path) -> Path:
-    """The resolved directory to load, or ValueError if it is outside ``allowed_root``.
-
-    A component starting with "." (a writer's temporary directory) is refused too, so a
-    half-written update can never be loaded.
-    """
-    root = allowed_root.resolve()
-    target = Path(path).resolve()
-    if not target.is_relative_to(root):
-        raise ValueError(f"refusing to load {path!r}: it is outside the server's --allowed-root {str(root)!r}")
-    hidden = [part for part in target.relative_to(root).parts if part.startswith(".")]
-    if hidden:
-        raise ValueError(f"refusing to load {path!r}: component {hidden[0]!r} starts with '.' (a temporary directory)")
-    if not target.is_dir():
-        raise ValueError(f"refusing to load {path!r}: not a directory")
-    return target
-
-
 def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

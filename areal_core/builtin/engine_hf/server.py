@@ -31,15 +31,8 @@ from areal_core.api.wire import (
     from_json,
     to_json,
 )
-from areal_core.builtin.engine_hf.receiver import (
-    StagedWeights,
-    WeightGroup,
-    check_load_path,
-    check_names_and_shapes,
-    copy_into_model,
-    model_digest,
-    read_safetensors_dir,
-)
+from areal_core.builtin.engine_hf.receiver import StagedWeights, WeightGroup, check_names_and_shapes, copy_into_model, model_digest, read_safetensors_dir
+from areal_core.api.wire import check_load_path
 from areal_core.api.weight_channel import bucket_nbytes
 
 log = logging.getLogger("areal_core.builtin.engine_hf.server")

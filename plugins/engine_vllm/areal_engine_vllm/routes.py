@@ -219,7 +219,7 @@ def _check_load_path(path: str) -> Path:
     """The directory to load; under ``AREAL_VLLM_ALLOWED_ROOT`` when set (no '.'-prefixed parts)."""
     root = os.environ.get(ALLOWED_ROOT_ENV)
     if root:
-        from areal_core.builtin.engine_hf.receiver import check_load_path
+        from areal_core.api.wire import check_load_path
 
         return check_load_path(path, Path(root))
     target = Path(path).resolve()
