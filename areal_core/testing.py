@@ -31,7 +31,7 @@ class PluginSetFactory:
 
     def add_hooks(self, name: str, **hooks: Any) -> object:
         """Add an inline plugin made of ``hook_name=function`` pairs (functions get ``@hookimpl``)."""
-        from areal_core import hookimpl
+        from areal_core.api import hookimpl
 
         module = types.SimpleNamespace(**{hook: hookimpl(fn) for hook, fn in hooks.items()})
         return self.add(module, name)

@@ -31,7 +31,7 @@ import types
 from pathlib import Path
 
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import load_config
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.builtin.engine_hf.client import HFEngine

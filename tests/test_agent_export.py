@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.agent import (
     AgentProxy,
     Completion,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import DatasetConfig, load_config
 from areal_core.api.dataset import corpus, reward_data
 from areal_core.dataset_loading import load_dataset

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.api.errors import PluginError
 from areal_core.plugins import load_plugins
 

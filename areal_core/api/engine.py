@@ -112,48 +112,51 @@ class InferenceEngine(abc.ABC):
     def close(self) -> None:
         """Release client resources (servers are stopped by their scheduler)."""
 
-    # ------------------------------------------------------------ elastic fleet (optional)
-    # Engines whose servers can come and go (every HTTPServerEngine) override these; the
-    # defaults describe a fixed fleet. The fleet manager (areal_core.rollout.fleet) drives them.
+
+@runtime_checkable
+class SupportsElasticFleet(Protocol):
+    """An engine whose servers can come and go at run time (every HTTPServerEngine); the fleet
+    manager (:mod:`areal_core.rollout.fleet`) drives it. An engine without it has a fixed fleet."""
 
     def members(self) -> tuple[str, ...]:
-        """Addresses of the servers that receive control calls (weights, version); () if unknown."""
-        return ()
+        """Addresses of the servers that receive control calls (weights, version)."""
+        ...
 
     def pending_servers(self) -> tuple[str, ...]:
         """Servers started at run time that wait for the next ``join_pending``."""
-        return ()
+        ...
 
     async def agenerate_on(self, address: str, request: GenerationRequest) -> GenerationResponse:
         """``agenerate`` on the server at ``address`` (to probe one server)."""
-        raise NotImplementedError(f"engine {self.name!r} cannot address one server")
+        ...
 
     def start_server(self, scheduler: Scheduler | None = None) -> str:
         """Start one more server; it waits, without traffic, for the next ``join_pending``."""
-        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+        ...
 
     def add_server(self, address: str) -> None:
         """Queue an already-running server at ``address`` to join at the next ``join_pending``."""
-        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+        ...
 
     def remove_server(self, address: str, reason: str = "removed") -> bool:
         """Take ``address`` out of the fleet (and stop it if this engine started it)."""
-        raise NotImplementedError(f"engine {self.name!r} cannot remove servers at run time")
+        ...
 
     def server_lost(self, address: str) -> bool:
-        """Whether the server at ``address`` is gone for good (a fixed fleet never loses one)."""
-        return False
+        """Whether the server at ``address`` is gone for good."""
+        ...
 
     def join_pending(self) -> list[str]:
         """Make queued servers members without traffic (generation paused); returns them."""
-        return []
+        ...
 
     def open_traffic(self, addresses: Sequence[str], version: int) -> None:
         """Route requests to ``addresses``, which now serve weight ``version``."""
+        ...
 
     def server_handles(self) -> list[ProcessHandle]:
         """Every server process this engine started (the fleet, not the trainer, handles their exit)."""
-        return []
+        ...
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """Built-in tool-call parsers for the agent proxy (Hermes/Qwen, Llama 3 JSON, Mistral)."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -4,7 +4,7 @@ Every one is a :class:`~areal_core.builtin.algorithms.base.ClippedPolicyGradient
 advantages from :mod:`.advantages` and the decoupled PPO objective from :mod:`.ppo_loss`.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 ALGORITHMS = {
     "grpo": "grpo:GRPO",

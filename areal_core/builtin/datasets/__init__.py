@@ -1,6 +1,6 @@
 """Built-in datasets: synthetic verifiable tasks and GSM8K-style JSONL files."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -5,7 +5,7 @@ and decodes, ``client`` is :class:`HFEngine`, ``receiver`` and ``channel`` the t
 weight channel. The JSON bodies live in :mod:`areal_core.api.wire`, shared with every engine.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

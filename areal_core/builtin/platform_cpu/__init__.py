@@ -1,6 +1,6 @@
 """Built-in platform: CPU (gloo)."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 
 

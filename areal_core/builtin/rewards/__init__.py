@@ -1,6 +1,6 @@
 """Built-in rewards: math answers (math-verify) and exact scoring of the synthetic tasks."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

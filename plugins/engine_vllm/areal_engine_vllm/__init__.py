@@ -3,7 +3,7 @@
 Only "module:attr" strings here: discovery must not import vLLM or torch.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 Discovery imports only :mod:`areal_platform_cuda.platform`, which imports torch lazily.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 Discovery imports only :mod:`areal_platform_npu.platform`, which never imports torch_npu.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -1,6 +1,6 @@
 """areal-reshard-disk: registers the ``disk`` weight updater (``actor.weight_update: disk``)."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

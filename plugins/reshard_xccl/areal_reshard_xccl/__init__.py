@@ -1,6 +1,6 @@
 """areal-reshard-xccl: registers the ``xccl`` weight updater (``actor.weight_update: xccl``)."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from areal_core.api.engine import SupportsWeightChannel
+from areal_core.api.engine import SupportsElasticFleet, SupportsWeightChannel
 from areal_core.api.errors import ArealError, ConfigError, ProcessFailedError
 from areal_core.api.scheduler import free_port
 from areal_core.api.weights import WeightUpdateError, WeightUpdater
@@ -75,7 +75,8 @@ class XcclWeightUpdater(WeightUpdater):
 
     def update(self, version: int) -> None:
         trainer, engine = self._require()
-        if self._members is None or engine.members() != self._members:  # a failed update, or servers came or went
+        members = engine.members() if isinstance(engine, SupportsElasticFleet) else ()
+        if self._members is None or members != self._members:  # a failed update, or servers came or went
             self._open()
         assert isinstance(engine, SupportsWeightChannel)  # checked by connect
         failure = (
