@@ -32,6 +32,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
             "hooks": info.hooks,
             "registered": info.registered,
             "error": info.error,
+            "incompatible": info.incompatible,
         }
         for info in plugins.infos
     ]
@@ -39,10 +40,10 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        status = "BROKEN" if row["error"] else "ok"
+        status = "BROKEN" if row["error"] else "INCOMPATIBLE" if row["incompatible"] else "ok"
         print(f"{row['name']}  ({row['distribution']} {row['version']})  [{status}]")
-        if row["error"]:
-            print(f"    error: {row['error']}")
+        if row["error"] or row["incompatible"]:
+            print(f"    error: {row['error']}" if row["error"] else f"    {row['incompatible']}")
             continue
         print(f"    hooks: {', '.join(row['hooks']) or '-'}")
         for kind, names in row["registered"].items():

@@ -12,9 +12,12 @@ module, e.g. ``AREAL_API = ">=1.0,<2"``; ``areal plugins`` flags a plugin outsid
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from areal_core.config import Config
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
 API_VERSION = "1.0"

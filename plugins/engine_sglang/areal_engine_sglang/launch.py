@@ -16,7 +16,7 @@ from areal_core.api.http_engine import command_line_flags
 from areal_core.api.errors import ConfigError
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.api import Config
     from areal_core.api.platform import Platform
 
 SERVER_MODULE = "sglang.launch_server"

@@ -27,7 +27,7 @@ from areal_engine_vllm.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.api import Config
     from areal_core.api.platform import Platform
 
 _MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when smaller

@@ -5,6 +5,8 @@ Discovery imports only :mod:`areal_platform_cuda.platform`, which imports torch 
 
 from areal_core.api import hookimpl
 
+AREAL_API = ">=1.0,<2"  # the areal_core.api versions this plugin supports
+
 
 @hookimpl
 def areal_register_platforms(register):

@@ -2,6 +2,8 @@
 
 from areal_core.api import hookimpl
 
+AREAL_API = ">=1.0,<2"  # the areal_core.api versions this plugin supports
+
 
 @hookimpl
 def areal_register_weight_updaters(register):

@@ -24,7 +24,7 @@ from areal_core.api.scheduler import free_port
 from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.api import Config
     from areal_core.api.engine import InferenceEngine
     from areal_core.api.platform import Platform
     from areal_core.api.weights import TrainerHandle
