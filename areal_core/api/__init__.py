@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.config import ActorConfig, Config, DatasetConfig, GenerationConfig, from_dict  # noqa: F401
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
 API_VERSION = "1.0"
@@ -51,19 +51,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "workflow": ("RewardScorer", "TokenSequence", "Workflow", "encode_chat", "request_seed", "sampling_params", "stop_at_strings"),
 }  # fmt: skip
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+#: The config tree a plugin's classes are built with (defined in ``areal_core.config``).
+_CONFIG = ("ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "from_dict")
+_WHERE = {name: f"{__name__}.{module}" for module, names in _EXPORTS.items() for name in names}
+_WHERE.update({name: "areal_core.config" for name in _CONFIG})
 
-__all__ = ["API_VERSION", "Config", "hookimpl", *sorted(_WHERE)]
+__all__ = ["API_VERSION", "hookimpl", *sorted(_WHERE)]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Config":  # the config tree every plugin class is built with
-        from areal_core.config import Config
-
-        return Config
     if name not in _WHERE:
         raise AttributeError(f"module 'areal_core.api' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(_WHERE[name]), name)
 
 
 def __dir__() -> list[str]:

@@ -16,7 +16,7 @@ from areal_core.builtin.algorithms.ppo_loss import PPOLossOptions, RatioLevel, R
 from areal_core.api.errors import ConfigError
 
 if TYPE_CHECKING:
-    from areal_core.config import ActorConfig
+    from areal_core.api import ActorConfig
 
 
 class ClippedPolicyGradient(Algorithm):

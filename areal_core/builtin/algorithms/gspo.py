@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from areal_core.builtin.algorithms.grpo import GRPO
-from areal_core.config import ActorConfig
+from areal_core.api import ActorConfig
 
 
 class GSPO(GRPO):

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from areal_core.config import DatasetConfig
+from areal_core.api import DatasetConfig
 from areal_core.api.dataset import dataset_key, dataset_options
 from areal_core.api.errors import ConfigError
 from areal_core.hub import is_hub_id, snapshot

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from areal_core.config import DatasetConfig
+from areal_core.api import DatasetConfig
 from areal_core.api.dataset import dataset_key, dataset_options
 from areal_core.api.errors import ConfigError
 
