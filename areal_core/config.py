@@ -442,7 +442,7 @@ def check_config(config: Config) -> None:
             f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
             "clip-higher must be >= eps_clip",
         )
-    from areal_core.hub import is_hub_id
+    from areal_core.api.hub import is_hub_id
 
     if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
         raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")

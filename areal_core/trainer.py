@@ -108,7 +108,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def _model_path(self, items: list[dict[str, Any]]) -> str:
-        from areal_core.hub import is_hub_id, snapshot
+        from areal_core.api.hub import is_hub_id, snapshot
 
         if self.config.model.path:  # a hub id becomes its local snapshot: servers load directories
             path = self.config.model.path

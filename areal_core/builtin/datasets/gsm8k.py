@@ -22,7 +22,7 @@ from typing import Any
 from areal_core.api import DatasetConfig
 from areal_core.api.dataset import dataset_key, dataset_options
 from areal_core.api.errors import ConfigError
-from areal_core.hub import is_hub_id, snapshot
+from areal_core.api.hub import is_hub_id, snapshot
 
 INSTRUCTION = "Solve step by step, then give the final answer on a last line as '#### <answer>'."
 _STEMS = {"train": ("train",), "valid": ("valid", "test")}
