@@ -34,6 +34,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SupportsElasticFleet", "SupportsWeightChannel",
     ),
     "errors": ("ArealError", "ConfigError", "PluginError", "ProcessFailedError"),
+    "hub": ("is_hub_id", "snapshot"),
     "http_engine": ("HTTPServerEngine", "Segment", "command_line_flags"),
     "http_json": ("answers_ok", "get_json", "post_json"),
     "platform": ("Platform",),
