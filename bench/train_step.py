@@ -28,7 +28,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.engine import TrainEngine
+from areal_core.train.fsdp_policy import TrainEngine
 from areal_core.train.packing import first_fit_decreasing
 from areal_core.api.trajectory import Trajectory
 

@@ -17,7 +17,7 @@ from areal_core.config import OptimizerConfig, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.engine import (
+from areal_core.train.fsdp_policy import (
     TrainEngine,
     split_minibatches,
     token_balanced_shares,

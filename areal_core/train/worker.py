@@ -18,7 +18,7 @@ import attrs
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.train.engine import TrainEngine
+    from areal_core.train.fsdp_policy import TrainEngine
     from areal_core.api.trajectory import Trajectory
     from areal_core.api.weight_channel import ChannelSpec
 
@@ -51,7 +51,7 @@ class Build:
     def build(self) -> TrainEngine:
         from areal_core.active_platform import current_platform
         from areal_core.plugins import load_plugins
-        from areal_core.train.engine import TrainEngine
+        from areal_core.train.fsdp_policy import TrainEngine
 
         algorithm = load_plugins().get("algorithm", self.config.actor.algorithm)(self.config.actor)
         engine = TrainEngine(self.config, current_platform(), self.model_path, algorithm)
