@@ -157,7 +157,7 @@ class _Planes:
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
         from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler import make_scheduler
-        from areal_core.train.controller import TrainController
+        from areal_core.train.worker_group import TrainController
 
         config = self.config
         self._stack = ExitStack()

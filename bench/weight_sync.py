@@ -90,7 +90,7 @@ def bench_size(
     from safetensors.torch import load_file, save_file
 
     from areal_core.api.scheduler import free_port
-    from areal_core.train.controller import TrainController
+    from areal_core.train.worker_group import TrainController
 
     model = ensure_tiny_model(spec, CORPUS, root / "models", seed=0)
     weights = model / "model.safetensors"

@@ -43,7 +43,7 @@ def main(ns: argparse.Namespace) -> int:
     from areal_core.plugins import load_plugins
     from areal_core.scheduler.local import LocalScheduler
     from areal_core.tiny_model import ensure_tiny_model
-    from areal_core.train.controller import TrainController
+    from areal_core.train.worker_group import TrainController
     from areal_core.api.trajectory import Trajectory
 
     plugins = load_plugins()

@@ -14,7 +14,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController, TrainWorkerError
+from areal_core.train.worker_group import TrainController, TrainWorkerError
 from areal_core.train.fsdp_policy import split_minibatches, token_balanced_shares
 from areal_core.train.packing import first_fit_decreasing
 from areal_core.api.trajectory import Trajectory

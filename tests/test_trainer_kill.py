@@ -17,7 +17,7 @@ from areal_core.config import TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController, TrainWorkerError
+from areal_core.train.worker_group import TrainController, TrainWorkerError
 from areal_core.api.trajectory import Trajectory
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController
+from areal_core.train.worker_group import TrainController
 from areal_core.api.trajectory import Trajectory
 from areal_core.api.weight_channel import plan_buckets
 from areal_reshard_xccl.updater import WeightUpdateError, XcclWeightUpdater
