@@ -25,7 +25,7 @@ from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import resolve_config
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutController
 from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.api.workflow import Workflow
 from areal_core.api.trajectory import Trajectory

@@ -26,7 +26,7 @@ from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutController
 from areal_core.rollout.staleness import StalenessManager
 from areal_core.api.workflow import encode_chat
 from areal_core.scheduler.local import LocalScheduler

@@ -12,7 +12,7 @@ import pytest
 from rollout_doubles import ScriptedEngine
 
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutController
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
