@@ -100,7 +100,7 @@ def cmd_quickstart(ns: argparse.Namespace) -> int:
 
 def cmd_servers(ns: argparse.Namespace) -> int:
     """``areal servers list|add|remove RUN_DIR``: the inference servers of a running job."""
-    from areal_core.control import control_call
+    from areal_core.control_endpoint import control_call
 
     if ns.action == "list":
         reply = control_call(ns.run_dir, "GET", "/servers")

@@ -152,7 +152,7 @@ class _Planes:
     def __enter__(self) -> _Planes:
         from transformers import AutoTokenizer
 
-        from areal_core.control import ControlServer
+        from areal_core.control_endpoint import ControlServer
         from areal_core.rollout.fleet import ServerFleet
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
         from areal_core.rollout.reward_runner import RewardRunner

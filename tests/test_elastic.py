@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.control import CONTROL_FILE, ControlServer, control_call
+from areal_core.control_endpoint import CONTROL_FILE, ControlServer, control_call
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import Router
 from areal_core.api.errors import ArealError

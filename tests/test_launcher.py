@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_core.control import CONTROL_FILE, control_call
+from areal_core.control_endpoint import CONTROL_FILE, control_call
 from areal_core.api.errors import ArealError
 
 REPO = Path(__file__).resolve().parents[1]
