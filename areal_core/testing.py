@@ -56,7 +56,7 @@ def areal_plugins() -> Iterator[PluginSetFactory]:
 
 
 class LoopThread:
-    """An asyncio loop in a background thread, as the rollout controller runs engines."""
+    """An asyncio loop in a background thread, as the rollout runner runs engines."""
 
     def __init__(self) -> None:
         import asyncio

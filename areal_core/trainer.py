@@ -25,7 +25,7 @@ from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import resolve_config
-from areal_core.rollout.runner import RolloutController
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.api.workflow import Workflow
 from areal_core.api.trajectory import Trajectory
@@ -157,7 +157,7 @@ class _Planes:
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
         from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler import make_scheduler
-        from areal_core.train.worker_group import TrainController
+        from areal_core.train.worker_group import TrainWorkerGroup
 
         config = self.config
         self._stack = ExitStack()
@@ -172,7 +172,7 @@ class _Planes:
             self._stack.callback(self.engine.close)
             self.engine.launch_servers(self.scheduler)
             self.trainer = self._stack.enter_context(
-                TrainController(config, self.platform, self.scheduler, config.model.path, config.run_dir)
+                TrainWorkerGroup(config, self.platform, self.scheduler, config.model.path, config.run_dir)
             )
             say(
                 f"connecting the {config.actor.weight_update} weight path; reward {config.reward.name} "
@@ -263,7 +263,7 @@ class _Loop:
         """
         info = self.recover.latest() if self.config.recover.mode == "auto" else None
         version = info.version if info else 0
-        self.rollout = RolloutController.from_config(self.planes.engine, self.config, version, self.planes.ledger)
+        self.rollout = RolloutRunner.from_config(self.planes.engine, self.config, version, self.planes.ledger)
         self.planes.ledger.record("start", version=version, dataset_size=len(self.loader), recovered=info is not None)
         if info is None:
             return 0

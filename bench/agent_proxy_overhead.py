@@ -3,7 +3,7 @@
     python bench/agent_proxy_overhead.py [--concurrency 1 8] [--rounds 20] [--max-new-tokens 4]
 
 One hf server with the tiny model. For each concurrency ``c``, ``rounds`` waves of ``c`` chat
-completions run on the engine's event loop (as the rollout controller runs workflows):
+completions run on the engine's event loop (as the rollout runner runs workflows):
 ``encode_chat`` + ``engine.agenerate`` (direct, what a built-in workflow does); a raw HTTP POST
 to the proxy (the proxy's own cost: HTTP, JSON, template, engine hop, recording); and the
 ``openai`` ``AsyncOpenAI`` client through the proxy (what an in-process agent pays, client

@@ -1,6 +1,6 @@
 """Train-step throughput, side by side in one run (CPU, world size 1, real gloo group).
 
-(a) the framework's ``TrainEngine.ppo_update`` (FSDP2, packed micro-batches, chunked log-probs,
+(a) the framework's ``FSDPPolicy.ppo_update`` (FSDP2, packed micro-batches, chunked log-probs,
     stats) vs a bare PyTorch loop (plain HF model, the same packed micro-batches, full-vocab
     log-softmax, the same GRPO loss and AdamW) on the same data, same number of optimizer steps;
 (b) packed vs padded micro-batches on long-tail lengths, both as bare loops with the same token
@@ -28,7 +28,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.fsdp_policy import TrainEngine
+from areal_core.train.fsdp_policy import FSDPPolicy
 from areal_core.train.packing import first_fit_decreasing
 from areal_core.api.trajectory import Trajectory
 
@@ -106,7 +106,7 @@ class BareLoop:
         self.optimizer.step()
 
 
-def _check_same_logprobs(engine: TrainEngine, packed: BareLoop, padded: BareLoop, vocab: int) -> None:
+def _check_same_logprobs(engine: FSDPPolicy, packed: BareLoop, padded: BareLoop, vocab: int) -> None:
     """The contenders compute the same thing: per-token log-probs agree before any step."""
     seqs = [t.input_ids for t in make_trajs([30, 7, 52, 19], vocab, seed=2)]
     ours = torch.tensor([x for seq in engine.compute_logprobs(seqs) for x in seq])
@@ -144,7 +144,7 @@ def main() -> None:
             config = load_config(None, [f"model.path={path}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
                                         "total_train_steps=100"])
             algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
-            engine = TrainEngine(config, CpuPlatform(), str(path), algorithm)
+            engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
             engine.initialize()
             vocab = engine.model.lm.config.vocab_size
             rng = random.Random(0)

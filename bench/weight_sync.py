@@ -90,7 +90,7 @@ def bench_size(
     from safetensors.torch import load_file, save_file
 
     from areal_core.api.scheduler import free_port
-    from areal_core.train.worker_group import TrainController
+    from areal_core.train.worker_group import TrainWorkerGroup
 
     model = ensure_tiny_model(spec, CORPUS, root / "models", seed=0)
     weights = model / "model.safetensors"
@@ -104,7 +104,7 @@ def bench_size(
     with LocalScheduler(CpuPlatform()) as scheduler:
         engine = plugins.get("engine", engine_name)(config, CpuPlatform())
         engine.launch_servers(scheduler)
-        with TrainController(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
+        with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
             disk = plugins.get("weight_updater", "disk")(config, CpuPlatform())
             disk.connect(trainer, engine)
             xccl = {}

@@ -43,7 +43,7 @@ def main(ns: argparse.Namespace) -> int:
     from areal_core.plugins import load_plugins
     from areal_core.scheduler.local import LocalScheduler
     from areal_core.tiny_model import ensure_tiny_model
-    from areal_core.train.worker_group import TrainController
+    from areal_core.train.worker_group import TrainWorkerGroup
     from areal_core.api.trajectory import Trajectory
 
     plugins = load_plugins()
@@ -74,7 +74,7 @@ def main(ns: argparse.Namespace) -> int:
             print(f"XCCL_CHECK FAIL engine={ns.engine} platform={platform.name}: channel backend {backend!r}, "
                   f"expected {ns.expect_backend!r}")  # fmt: skip
             return 1
-        trainer = stack.enter_context(TrainController(config, platform, scheduler, str(model), config.run_dir))
+        trainer = stack.enter_context(TrainWorkerGroup(config, platform, scheduler, str(model), config.run_dir))
         updater = updater_cls(config, platform)
         updater.connect(trainer, engine)
         stack.callback(updater.close)

@@ -167,7 +167,7 @@ def restore(served: Served) -> Iterator[Served]:
 
 
 class InProcessTrainer:
-    """Test double of ``TrainController`` for the weight updaters: a transformers model in this process.
+    """Test double of ``TrainWorkerGroup`` for the weight updaters: a transformers model in this process.
 
     ``disk`` uses ``save_hf``; ``xccl`` opens the engine's own weight channel in this process (as
     trainer rank 0) and sends its parameters through it, like the training workers do.

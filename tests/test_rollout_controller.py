@@ -1,4 +1,4 @@
-"""RolloutController: exactly-once consumption, rejection/failure counting, staleness, pause/resume."""
+"""RolloutRunner: exactly-once consumption, rejection/failure counting, staleness, pause/resume."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from rollout_doubles import ScriptedEngine
 
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.rollout.runner import RolloutController
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
@@ -71,11 +71,11 @@ def _jittery_engine(seed: int = 0, slow_every: int = 5) -> ScriptedEngine:
     return ScriptedEngine(delay=lambda r: delays[r.input_ids[1]])
 
 
-def _controller(engine, *, batch_size, eta, max_concurrent=8, version=0) -> RolloutController:
+def _controller(engine, *, batch_size, eta, max_concurrent=8, version=0) -> RolloutRunner:
     staleness = StalenessManager(
         batch_size=batch_size, max_head_offpolicyness=eta, max_concurrent=max_concurrent, version=version
     )
-    return RolloutController(engine, staleness)
+    return RolloutRunner(engine, staleness)
 
 
 def _episodes(batch: list[Trajectory], group_size: int = 2) -> list[str]:
@@ -85,7 +85,7 @@ def _episodes(batch: list[Trajectory], group_size: int = 2) -> list[str]:
     return [g[0].prompt_id for g in groups]
 
 
-def _bump(ctl: RolloutController) -> None:
+def _bump(ctl: RolloutRunner) -> None:
     """A weight update: pause, new version, resume."""
     ctl.pause()
     ctl.set_version(ctl.version + 1)
@@ -157,7 +157,7 @@ def test_a_failed_episode_runs_again_up_to_episode_retries_then_is_dropped():
     for retries, p0_consumed in ((2, True), (1, False)):
         attempts.clear()
         staleness = StalenessManager(batch_size=1, max_head_offpolicyness=4, max_concurrent=1)
-        with RolloutController(ScriptedEngine(), staleness, episode_retries=retries) as ctl:
+        with RolloutRunner(ScriptedEngine(), staleness, episode_retries=retries) as ctl:
             ctl.submit({"id": "p0", "n": 0}, fails_twice)
             ctl.submit({"id": "p1", "n": 1}, fails_twice)
             batch = ctl.wait(1, timeout=60)
@@ -171,7 +171,7 @@ def test_every_episode_failing_aborts_the_batch_with_one_line():
     loader = PromptLoader(_items(4), shuffle=False)
     staleness = StalenessManager(batch_size=2, max_head_offpolicyness=0, max_concurrent=2)
     failures = FailureTracker("episode attempts", "rollout.max_failure_rate", max_rate=0.5, window=6)
-    with RolloutController(ScriptedEngine(), staleness, episode_retries=1, failures=failures) as ctl:
+    with RolloutRunner(ScriptedEngine(), staleness, episode_retries=1, failures=failures) as ctl:
         with pytest.raises(FailureRateError) as info:
             ctl.prepare_batch(loader, GroupWorkflow(fail={f"p{i}" for i in range(4)}), timeout=60)
         stats = ctl.stats
@@ -290,7 +290,7 @@ def test_rlvr_batches_from_real_hf_servers(tmp_path):
         engine = HFEngine(config, CpuPlatform())
         engine.launch_servers(scheduler)
         runner = RewardRunner(exact_match, workers=1, timeout=30)
-        with runner, RolloutController.from_config(engine, config) as ctl:
+        with runner, RolloutRunner.from_config(engine, config) as ctl:
             workflow = RLVRWorkflow(tokenizer, config.gconfig, runner)
             for _ in range(3):
                 batch = ctl.prepare_batch(loader, workflow, timeout=120)

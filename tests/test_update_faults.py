@@ -84,7 +84,7 @@ class FaultyTrainer:
             self._channel = None
 
     @staticmethod
-    def _as_areal_error(call: Callable[[], None]) -> None:  # as TrainController reports a channel failure
+    def _as_areal_error(call: Callable[[], None]) -> None:  # as TrainWorkerGroup reports a channel failure
         try:
             call()
         except ArealError:

@@ -11,7 +11,7 @@ Routes (a session key goes in ``Authorization: Bearer <key>`` or ``X-Areal-Sessi
 - ``GET /v1/models``.
 
 Threading: :class:`ProxyServer` runs uvicorn on its own thread and event loop, so it starts and
-stops independently of the rollout controller. Each session remembers the event loop that
+stops independently of the rollout runner. Each session remembers the event loop that
 started it (the rollout loop, where the engine's async calls live) and its model calls run
 there, so pausing for weight updates, re-submission and per-token versions work unchanged.
 """

@@ -4,7 +4,7 @@ An agent is either an async function ``agent(base_url, api_key, data) -> reward 
 the rollout loop, or a program (``agent.command``) run per sample with ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY`` set and the task item as JSON on stdin; its reward is the last stdout line
 (a number or ``{"reward": r}``), else whatever it set through ``POST /v1/reward``. Either way
-the agent only sees an OpenAI endpoint and a session key. The rollout controller runs the
+the agent only sees an OpenAI endpoint and a session key. The rollout runner runs the
 episodes, so the staleness bound and interruptible generation apply as to any workflow.
 """
 

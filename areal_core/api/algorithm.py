@@ -1,6 +1,6 @@
 """Algorithm: advantage estimator + policy loss, selected by ``actor.algorithm``.
 
-Data contract. Advantages are computed per sequence from outcome rewards; the train engine
+Data contract. Advantages are computed per sequence from outcome rewards; the FSDP policy
 broadcasts them over each sequence's loss tokens. The loss sees one packed micro-batch in a flat
 token layout: every tensor in :class:`LossInput` has shape ``[n_tokens]``.
 """

@@ -85,7 +85,7 @@ class InferenceEngine(abc.ABC):
 
     def client_session(self) -> AbstractAsyncContextManager[None]:
         """Inside it, ``agenerate`` calls on the running loop share one client session
-        (connections stay open); the rollout controller wraps its loop's life in one."""
+        (connections stay open); the rollout runner wraps its loop's life in one."""
         return contextlib.nullcontext()
 
     @abc.abstractmethod

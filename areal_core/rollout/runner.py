@@ -1,4 +1,4 @@
-"""Asynchronous rollout controller: workflows run on an asyncio loop in a background thread.
+"""Asynchronous rollout runner: workflows run on an asyncio loop in a background thread.
 
 The trainer's thread calls ``prepare_batch`` each step; it tops up submissions to the staleness
 capacity and returns as soon as a batch of accepted episodes may be consumed, leaving the other
@@ -56,7 +56,7 @@ class _Episode:
     trajectories: list[Trajectory] = attrs.Factory(list)
 
 
-class RolloutController:
+class RolloutRunner:
     """See the module docstring; with a ``ledger``, every episode's lifecycle is appended to it."""
 
     def __init__(
@@ -87,7 +87,7 @@ class RolloutController:
     @classmethod
     def from_config(
         cls, engine: InferenceEngine, config: Config, version: int = 0, ledger: Ledger | None = None
-    ) -> RolloutController:
+    ) -> RolloutRunner:
         rollout, batch_size = config.rollout, config.train_dataset.batch_size
         staleness = StalenessManager.from_config(rollout, batch_size, version)
         window = rollout.failure_window_steps * batch_size
@@ -100,7 +100,7 @@ class RolloutController:
 
     def start(self) -> None:
         if self._thread is not None:
-            raise RuntimeError("RolloutController.start() called twice")
+            raise RuntimeError("RolloutRunner.start() called twice")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         self._thread.start()
@@ -122,7 +122,7 @@ class RolloutController:
         with self._cond:
             self._cond.notify_all()
 
-    def __enter__(self) -> RolloutController:
+    def __enter__(self) -> RolloutRunner:
         self.start()
         return self
 

@@ -1,4 +1,4 @@
-"""FSDP2 training engine: one instance per training process (rank).
+"""FSDP2 policy: the trained model of one training process (rank), sharded with FSDP2.
 
 The policy is a Hugging Face causal LM sharded with ``fully_shard`` (one unit per decoder layer,
 one root). Every public method is collective: all ranks call it with the same arguments, each rank
@@ -139,7 +139,7 @@ def token_balanced_shares(lengths: Sequence[int], n_ranks: int) -> list[list[int
     return [sorted(s) for s in shares]
 
 
-class TrainEngine:
+class FSDPPolicy:
     """The policy (+ frozen reference), AdamW and the PPO update on one rank."""
 
     def __init__(self, config: Config, platform: Platform, model_path: str, algorithm: Algorithm) -> None:
@@ -510,7 +510,7 @@ class _FullTensors:
     """The engine's weights as a channel's :class:`~areal_core.api.weight_channel.TensorSource`: one
     iteration per send, which :meth:`drain` finishes (the gathers are collective over ranks)."""
 
-    def __init__(self, engine: TrainEngine) -> None:
+    def __init__(self, engine: FSDPPolicy) -> None:
         self._engine = engine
         self._iterator: Iterator[tuple[str, torch.Tensor]] | None = None
 

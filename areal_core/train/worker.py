@@ -18,7 +18,7 @@ import attrs
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.train.fsdp_policy import TrainEngine
+    from areal_core.train.fsdp_policy import FSDPPolicy
     from areal_core.api.trajectory import Trajectory
     from areal_core.api.weight_channel import ChannelSpec
 
@@ -48,13 +48,13 @@ class Build:
     config: Config
     model_path: str
 
-    def build(self) -> TrainEngine:
+    def build(self) -> FSDPPolicy:
         from areal_core.active_platform import current_platform
         from areal_core.plugins import load_plugins
-        from areal_core.train.fsdp_policy import TrainEngine
+        from areal_core.train.fsdp_policy import FSDPPolicy
 
         algorithm = load_plugins().get("algorithm", self.config.actor.algorithm)(self.config.actor)
-        engine = TrainEngine(self.config, current_platform(), self.model_path, algorithm)
+        engine = FSDPPolicy(self.config, current_platform(), self.model_path, algorithm)
         engine.initialize()
         return engine
 
@@ -63,7 +63,7 @@ class Build:
 class ComputeLogprobs:
     sequences: list[list[int]]
 
-    def run(self, engine: TrainEngine) -> list[list[float]]:
+    def run(self, engine: FSDPPolicy) -> list[list[float]]:
         return engine.compute_logprobs(self.sequences)
 
 
@@ -74,7 +74,7 @@ class TrainStep:
     prox_logprobs: list[list[float]] | None
     recompute_prox: bool = False
 
-    def run(self, engine: TrainEngine) -> dict[str, float]:
+    def run(self, engine: FSDPPolicy) -> dict[str, float]:
         return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs, recompute_prox=self.recompute_prox)
 
 
@@ -82,7 +82,7 @@ class TrainStep:
 class SaveHF:
     path: str
 
-    def run(self, engine: TrainEngine) -> None:
+    def run(self, engine: FSDPPolicy) -> None:
         engine.save_hf(self.path)
 
 
@@ -90,7 +90,7 @@ class SaveHF:
 class SaveCheckpoint:
     path: str
 
-    def run(self, engine: TrainEngine) -> None:
+    def run(self, engine: FSDPPolicy) -> None:
         engine.save_checkpoint(self.path)
 
 
@@ -98,7 +98,7 @@ class SaveCheckpoint:
 class LoadCheckpoint:
     path: str
 
-    def run(self, engine: TrainEngine) -> int:
+    def run(self, engine: FSDPPolicy) -> int:
         engine.load_checkpoint(self.path)
         return engine.step
 
@@ -109,7 +109,7 @@ class OpenWeightChannel:
 
     spec: ChannelSpec
 
-    def run(self, engine: TrainEngine) -> str | None:
+    def run(self, engine: FSDPPolicy) -> str | None:
         return engine.open_weight_channel(self.spec)
 
 
@@ -119,13 +119,13 @@ class SendWeights:
 
     version: int
 
-    def run(self, engine: TrainEngine) -> str | None:
+    def run(self, engine: FSDPPolicy) -> str | None:
         return engine.send_weights(self.version)
 
 
 @attrs.frozen
 class CloseWeightChannel:
-    def run(self, engine: TrainEngine) -> None:
+    def run(self, engine: FSDPPolicy) -> None:
         engine.close_weight_channel()
 
 
@@ -136,7 +136,7 @@ class Shutdown:
 
 def serve(conn: Connection, rank: int) -> None:
     """Answer commands until :class:`Shutdown` or EOF (the controller exited)."""
-    engine: TrainEngine | None = None
+    engine: FSDPPolicy | None = None
     try:
         while True:
             try:

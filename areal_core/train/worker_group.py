@@ -1,4 +1,4 @@
-"""Controller-side handle of the training workers: starts them, sends commands, watches them.
+"""The training worker group, the controller's handle of the training workers: starts them, sends commands, watches them.
 
 Every call is sent to all ranks (the engine's methods are collective) and waits for every reply
 while polling the worker processes, so a worker that dies makes the call raise promptly with the
@@ -55,10 +55,10 @@ class WeightGroupError(ArealError):
     """The engine's weight channel failed; the training workers and their group are intact."""
 
 
-class TrainController:
+class TrainWorkerGroup:
     """``config.actor.world_size`` worker processes running one FSDP2 engine together.
 
-    Use as ``with TrainController(...) as trainer:`` (starts and stops) or call ``start()`` /
+    Use as ``with TrainWorkerGroup(...) as trainer:`` (starts and stops) or call ``start()`` /
     ``stop()`` yourself.
     """
 
@@ -94,7 +94,7 @@ class TrainController:
     def start(self) -> None:
         """Start the workers and build the model on each; returns when all are ready."""
         if self.handles:
-            raise RuntimeError("TrainController.start() was already called; create a new controller to restart")
+            raise RuntimeError("TrainWorkerGroup.start() was already called; create a new controller to restart")
         authkey = os.urandom(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
         host, port = self._listener.address
@@ -192,7 +192,7 @@ class TrainController:
             self._listener.close()
             self._listener = None
 
-    def __enter__(self) -> TrainController:
+    def __enter__(self) -> TrainWorkerGroup:
         self.start()
         return self
 
@@ -215,7 +215,7 @@ class TrainController:
         """The PPO update over all minibatches; returns its stats and advances ``step``.
 
         ``recompute_prox``: the workers take the proximal log-probs themselves (fused into the
-        update's forward where the algorithm allows; see ``TrainEngine.ppo_update``). The stats'
+        update's forward where the algorithm allows; see ``FSDPPolicy.ppo_update``). The stats'
         ``time/rpc_s`` is this call's time outside rank 0's update: pickling, transfer, replies.
         """
         start = time.perf_counter()

@@ -1,6 +1,6 @@
 """HFEngine: the client of hf generation servers (see :mod:`areal_core.builtin.engine_hf.server`).
 
-``agenerate`` runs on the rollout controller's event loop (a background thread) with one aiohttp
+``agenerate`` runs on the rollout runner's event loop (a background thread) with one aiohttp
 session per call; control calls (``pause``, ``load_weights_from_disk``, ...) come from the main
 thread and use blocking HTTP, fanned out to every server in parallel. A pause gate shared by
 both sides holds generation between ``pause()`` and ``resume()``.

@@ -1,6 +1,6 @@
 """The disk weight path end to end: a trainer double writes, two real hf servers load.
 
-``InProcessHFTrainer`` stands in for ``TrainController`` (only ``save_hf`` is used); its
+``InProcessHFTrainer`` stands in for ``TrainWorkerGroup`` (only ``save_hf`` is used); its
 ``train_step`` adds noise to the weights so the greedy answer changes after an update.
 """
 
@@ -29,7 +29,7 @@ N_TOKENS = 24
 
 
 class InProcessHFTrainer:
-    """Test double for ``TrainController``: a transformers model in this process with ``save_hf``."""
+    """Test double for ``TrainWorkerGroup``: a transformers model in this process with ``save_hf``."""
 
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
