@@ -501,9 +501,10 @@ class FSDPPolicy:
         """Collective DCP checkpoint of model, optimizer, LR schedule, RNG state and step."""
         save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step, self.platform.device_type)
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Collective restore of :meth:`save_checkpoint`'s directory."""
+    def load_checkpoint(self, path: str | os.PathLike) -> int:
+        """Collective restore of :meth:`save_checkpoint`'s directory; returns the restored step."""
         self.step = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.platform.device_type)
+        return self.step
 
 
 class _FullTensors:

@@ -19,8 +19,6 @@ import attrs
 if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.train.fsdp_policy import FSDPPolicy
-    from areal_core.api.trajectory import Trajectory
-    from areal_core.api.weight_channel import ChannelSpec
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
 
@@ -59,79 +57,41 @@ class Build:
         return engine
 
 
-@attrs.frozen
-class ComputeLogprobs:
-    sequences: list[list[int]]
-
-    def run(self, engine: FSDPPolicy) -> list[list[float]]:
-        return engine.compute_logprobs(self.sequences)
-
-
-@attrs.frozen
-class TrainStep:
-    trajs: list[Trajectory]
-    advantages: list[float]
-    prox_logprobs: list[list[float]] | None
-    recompute_prox: bool = False
-
-    def run(self, engine: FSDPPolicy) -> dict[str, float]:
-        return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs, recompute_prox=self.recompute_prox)
+#: Every training operation, declared once: its name (what commands and error messages carry) ->
+#: the :class:`FSDPPolicy` method each rank runs. Workers dispatch through it; the controller's
+#: :class:`~areal_core.train.worker_group.TrainWorkerGroup` sends :class:`Op` s naming its keys.
+OPS: dict[str, str] = {
+    "ComputeLogprobs": "compute_logprobs",
+    "TrainStep": "ppo_update",
+    "SaveHF": "save_hf",
+    "SaveCheckpoint": "save_checkpoint",
+    "LoadCheckpoint": "load_checkpoint",  # returns the restored step
+    "OpenWeightChannel": "open_weight_channel",  # returns an error message or None
+    "SendWeights": "send_weights",  # all ranks gather, rank 0 sends; returns an error message or None
+    "CloseWeightChannel": "close_weight_channel",
+}
 
 
 @attrs.frozen
-class SaveHF:
-    path: str
+class Op:
+    """One training operation for every rank: a key of :data:`OPS` and its method's arguments."""
 
-    def run(self, engine: FSDPPolicy) -> None:
-        engine.save_hf(self.path)
+    name: str = attrs.field(validator=attrs.validators.in_(OPS))
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = attrs.Factory(dict)
 
-
-@attrs.frozen
-class SaveCheckpoint:
-    path: str
-
-    def run(self, engine: FSDPPolicy) -> None:
-        engine.save_checkpoint(self.path)
-
-
-@attrs.frozen
-class LoadCheckpoint:
-    path: str
-
-    def run(self, engine: FSDPPolicy) -> int:
-        engine.load_checkpoint(self.path)
-        return engine.step
-
-
-@attrs.frozen
-class OpenWeightChannel:
-    """Open the engine's weight channel (rank 0 joins the servers); returns an error message or None."""
-
-    spec: ChannelSpec
-
-    def run(self, engine: FSDPPolicy) -> str | None:
-        return engine.open_weight_channel(self.spec)
-
-
-@attrs.frozen
-class SendWeights:
-    """All ranks gather, rank 0 sends through the channel; returns an error message or None."""
-
-    version: int
-
-    def run(self, engine: FSDPPolicy) -> str | None:
-        return engine.send_weights(self.version)
-
-
-@attrs.frozen
-class CloseWeightChannel:
-    def run(self, engine: FSDPPolicy) -> None:
-        engine.close_weight_channel()
+    def run(self, engine: FSDPPolicy) -> Any:
+        return getattr(engine, OPS[self.name])(*self.args, **self.kwargs)
 
 
 @attrs.frozen
 class Shutdown:
     """Release the process group and exit."""
+
+
+def command_name(cmd: object) -> str:
+    """``TrainStep``, ``Build``, ...: how messages name a command."""
+    return cmd.name if isinstance(cmd, Op) else type(cmd).__name__
 
 
 def serve(conn: Connection, rank: int) -> None:
@@ -150,7 +110,7 @@ def serve(conn: Connection, rank: int) -> None:
                 if isinstance(cmd, Build):
                     engine, value = cmd.build(), None
                 elif engine is None:
-                    raise RuntimeError(f"{type(cmd).__name__} arrived before Build; the controller must build first")
+                    raise RuntimeError(f"{command_name(cmd)} arrived before Build; the controller must build first")
                 else:
                     value = cmd.run(engine)
                 conn.send(Reply(rank, value if rank == 0 else None))

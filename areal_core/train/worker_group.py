@@ -21,21 +21,7 @@ from typing import TYPE_CHECKING, Any
 from areal_core.api.errors import ArealError, ProcessFailedError
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler, free_port, log_tail
 from areal_core.api.devices import trainer_devices
-from areal_core.train.worker import (
-    AUTHKEY_ENV,
-    Build,
-    CloseWeightChannel,
-    ComputeLogprobs,
-    Hello,
-    LoadCheckpoint,
-    OpenWeightChannel,
-    Reply,
-    SaveCheckpoint,
-    SaveHF,
-    SendWeights,
-    Shutdown,
-    TrainStep,
-)
+from areal_core.train.worker import AUTHKEY_ENV, Build, Hello, Op, Reply, Shutdown, command_name
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -202,7 +188,7 @@ class TrainWorkerGroup:
     # ------------------------------------------------------------------ commands
     def compute_logprobs(self, trajs: list[Trajectory]) -> list[list[float]]:
         """Current-policy (proximal) log-probs per trajectory, aligned to its tokens."""
-        return self._call(ComputeLogprobs([list(t.input_ids) for t in trajs]))
+        return self._call(Op("ComputeLogprobs", ([list(t.input_ids) for t in trajs],)))
 
     def train_step(
         self,
@@ -219,7 +205,7 @@ class TrainWorkerGroup:
         ``time/rpc_s`` is this call's time outside rank 0's update: pickling, transfer, replies.
         """
         start = time.perf_counter()
-        stats = self._call(TrainStep(trajs, list(advantages), prox_logprobs, recompute_prox))
+        stats = self._call(Op("TrainStep", (trajs, list(advantages), prox_logprobs), {"recompute_prox": recompute_prox}))
         worker_s = sum(v for k, v in stats.items() if k.startswith("time/"))
         stats["time/rpc_s"] = max(0.0, time.perf_counter() - start - worker_s)
         self.step += 1
@@ -227,28 +213,28 @@ class TrainWorkerGroup:
 
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face model directory (weights, config, tokenizer) at ``path``."""
-        self._call(SaveHF(str(path)))
+        self._call(Op("SaveHF", (str(path),)))
 
     def save_checkpoint(self, path: str) -> None:
         """Write a resumable DCP checkpoint (model, optimizer, schedule, RNG, step)."""
-        self._call(SaveCheckpoint(str(path)))
+        self._call(Op("SaveCheckpoint", (str(path),)))
 
     def load_checkpoint(self, path: str) -> None:
         """Restore a checkpoint written by :meth:`save_checkpoint`."""
-        self.step = self._call(LoadCheckpoint(str(path)))
+        self.step = self._call(Op("LoadCheckpoint", (str(path),)))
 
     # ------------------------------------------------------------------ collective weight path
     def open_weight_channel(self, spec: ChannelSpec) -> None:
         """Every rank opens the engine's weight channel; rank 0 joins the servers' group (blocks
         until all members joined)."""
-        self._raise_weight_error(self._call(OpenWeightChannel(spec)))
+        self._raise_weight_error(self._call(Op("OpenWeightChannel", (spec,))))
 
     def send_weights(self, version: int) -> None:
         """Gather the full tensors on every rank; rank 0 sends them through the channel as ``version``."""
-        self._raise_weight_error(self._call(SendWeights(version)))
+        self._raise_weight_error(self._call(Op("SendWeights", (version,))))
 
     def close_weight_channel(self) -> None:
-        self._call(CloseWeightChannel())
+        self._call(Op("CloseWeightChannel"))
 
     @staticmethod
     def _raise_weight_error(error: str | None) -> None:
@@ -271,7 +257,7 @@ class TrainWorkerGroup:
                 try:
                     conn.send_bytes(payload)
                 except OSError:  # broken pipe: the worker died since the last call
-                    raise self._lost(rank, f"before {type(cmd).__name__}") from None
+                    raise self._lost(rank, f"before {command_name(cmd)}") from None
             while pending:
                 for conn in wait(list(pending.values()), _POLL_S):
                     rank = next(r for r, c in pending.items() if c is conn)
@@ -280,10 +266,10 @@ class TrainWorkerGroup:
                         self._raise_for_error(cmd, rank, reply.error, [r for r in pending if r != rank])
                     value = reply.value if rank == 0 else value
                     del pending[rank]
-                self._check_alive(pending, f"during {type(cmd).__name__}")
+                self._check_alive(pending, f"during {command_name(cmd)}")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TrainWorkerError(
-                        f"{type(cmd).__name__} took over {timeout:.0f}s on trainers {sorted(pending)}"
+                        f"{command_name(cmd)} took over {timeout:.0f}s on trainers {sorted(pending)}"
                     )
         except BaseException:
             self._terminate()  # survivors may be stuck in a collective: no graceful shutdown
@@ -297,16 +283,16 @@ class TrainWorkerGroup:
             dead = [r for r in others if not self.handles[r].alive()]
             if dead:
                 last = error.strip().splitlines()[-1]
-                message = self._death_message(dead[0], f"during {type(cmd).__name__}")
+                message = self._death_message(dead[0], f"during {command_name(cmd)}")
                 raise TrainWorkerError(f"{message}\n(then trainer{rank} failed: {last})")
             time.sleep(0.05)
-        raise TrainWorkerError(f"{type(cmd).__name__} failed on trainer{rank}:\n{error}")
+        raise TrainWorkerError(f"{command_name(cmd)} failed on trainer{rank}:\n{error}")
 
     def _receive(self, conn: Connection, rank: int, cmd: object) -> Reply:
         try:
             return conn.recv()
         except (EOFError, OSError):
-            raise self._lost(rank, f"during {type(cmd).__name__}") from None
+            raise self._lost(rank, f"during {command_name(cmd)}") from None
 
     def _lost(self, rank: int, when: str) -> TrainWorkerError:
         """The error for a worker whose connection broke (its process is stopped first, for its code)."""
