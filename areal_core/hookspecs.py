@@ -94,10 +94,10 @@ def areal_configure(config: Config) -> Config | None:
 
 @hookspec
 def areal_register_tool_parsers(register: RegisterNamed) -> None:
-    """Register tool-call parsers for the agent proxy (:mod:`areal_core.agent.tool_parsers`).
+    """Register tool-call parsers for the agent proxy (:mod:`areal_core.builtin.tool_parsers.parsers`).
 
     :param register: call ``register("hermes", parse)`` where ``parse(text) -> (content, calls)``
         takes the output decoded with special tokens kept and returns the remaining content and a
-        list of :class:`areal_core.agent.tool_parsers.ToolCall`; text it does not recognise comes
+        list of :class:`areal_core.builtin.tool_parsers.parsers.ToolCall`; text it does not recognise comes
         back unchanged with no calls. The name is what ``agent.tool_parser`` selects.
     """

@@ -35,7 +35,7 @@ from areal_core.agent.sessions import (
     SessionStore,
     new_completion_id,
 )
-from areal_core.agent.tool_parsers import ToolCall, ToolParser, hermes
+from areal_core.builtin.tool_parsers.parsers import ToolCall, ToolParser, hermes
 from areal_core.config import GenerationConfig
 from areal_core.api.engine import (
     GenerationRequest,

@@ -5,6 +5,6 @@ from areal_core.api import hookimpl
 
 @hookimpl
 def areal_register_tool_parsers(register):
-    register("hermes", "areal_core.agent.tool_parsers:hermes")
-    register("llama3_json", "areal_core.agent.tool_parsers:llama3_json")
-    register("mistral", "areal_core.agent.tool_parsers:mistral")
+    register("hermes", "areal_core.builtin.tool_parsers.parsers:hermes")
+    register("llama3_json", "areal_core.builtin.tool_parsers.parsers:llama3_json")
+    register("mistral", "areal_core.builtin.tool_parsers.parsers:mistral")
