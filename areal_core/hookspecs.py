@@ -98,6 +98,6 @@ def areal_register_tool_parsers(register: RegisterNamed) -> None:
 
     :param register: call ``register("hermes", parse)`` where ``parse(text) -> (content, calls)``
         takes the output decoded with special tokens kept and returns the remaining content and a
-        list of :class:`areal_core.builtin.tool_parsers.parsers.ToolCall`; text it does not recognise comes
+        list of :class:`areal_core.api.tool_call.ToolCall`; text it does not recognise comes
         back unchanged with no calls. The name is what ``agent.tool_parser`` selects.
     """

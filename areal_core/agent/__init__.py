@@ -8,7 +8,8 @@ from areal_core.agent.export import ExportMode, discount, export_session
 from areal_core.agent.openai_api import RequestError
 from areal_core.agent.proxy import AgentProxy, ProxyServer, Reply
 from areal_core.agent.sessions import Completion, Session, SessionStore
-from areal_core.builtin.tool_parsers.parsers import ToolCall, ToolParser, tool_parser
+from areal_core.agent.parser_choice import tool_parser
+from areal_core.api.tool_call import ToolParser, ToolCall
 from areal_core.agent.workflow import (
     AgentFn,
     AgentWorkflow,

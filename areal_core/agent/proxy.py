@@ -35,7 +35,8 @@ from areal_core.agent.sessions import (
     SessionStore,
     new_completion_id,
 )
-from areal_core.builtin.tool_parsers.parsers import ToolCall, ToolParser, hermes
+from areal_core.builtin.tool_parsers.parsers import hermes
+from areal_core.api.tool_call import ToolParser, ToolCall
 from areal_core.config import GenerationConfig
 from areal_core.api.engine import (
     GenerationRequest,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.agent.export import ExportMode, export_session
 from areal_core.agent.proxy import AgentProxy, ProxyServer
-from areal_core.builtin.tool_parsers.parsers import tool_parser
+from areal_core.agent.parser_choice import tool_parser
 from areal_core.api.engine import InferenceEngine
 from areal_core.api.errors import ArealError
 from areal_core.rollout.dataloader import EPOCH_KEY

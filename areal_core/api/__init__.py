@@ -40,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "platform": ("Platform",),
     "reward": ("RewardFn", "call_reward"),
     "scheduler": ("ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "free_port", "log_tail"),
+    "tool_call": ("ToolCall", "ToolParser"),
     "trajectory": ("Trajectory",),
     "weight_channel": (
         "BucketBroadcast", "ChannelSpec", "TensorSource", "WeightChannel", "bucket_nbytes", "parse_dtype",

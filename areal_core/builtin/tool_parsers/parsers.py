@@ -12,26 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
+from areal_core.api.tool_call import ToolCall
 
-if TYPE_CHECKING:
-    from areal_core.plugins import Plugins
-
-
-@attrs.frozen
-class ToolCall:
-    """One call the model asked for; ``arguments`` is JSON text, as in the OpenAI API."""
-
-    name: str
-    arguments: str
-    id: str = attrs.field(factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-
-ToolParser = Callable[[str], tuple[str, list[ToolCall]]]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MISTRAL_V11 = re.compile(r"([A-Za-z0-9_.\-]+)\[ARGS\]")
@@ -116,21 +100,3 @@ def mistral(text: str) -> tuple[str, list[ToolCall]]:
     if not calls or None in calls:
         return text, []
     return content.strip(), [c for c in calls if c is not None]
-
-
-BUILTIN: dict[str, ToolParser] = {"hermes": hermes, "llama3_json": llama3_json, "mistral": mistral}
-
-
-def detect(chat_template: str | None) -> str:
-    """The built-in parser a chat template's tool format calls for (``hermes`` when unsure)."""
-    template = chat_template or ""
-    if "[TOOL_CALLS]" in template:
-        return "mistral"
-    if "<|python_tag|>" in template or "ipython" in template:
-        return "llama3_json"
-    return "hermes"
-
-
-def tool_parser(name: str, chat_template: str | None, plugins: Plugins) -> ToolParser:
-    """The parser ``agent.tool_parser`` names (``auto``: :func:`detect` on ``chat_template``)."""
-    return plugins.get("tool_parser", detect(chat_template) if name == "auto" else name)
