@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_core.agent.export import ExportMode, export_session
-from areal_core.agent.proxy import AgentProxy, ProxyServer
+from areal_core.agent.proxy import AgentProxy
+from areal_core.agent.proxy_server import ProxyServer
 from areal_core.agent.parser_choice import tool_parser
 from areal_core.api.engine import InferenceEngine
 from areal_core.api.errors import ArealError
