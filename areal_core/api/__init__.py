@@ -43,15 +43,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "tool_call": ("ToolCall", "ToolParser"),
     "trajectory": ("Trajectory",),
     "weight_channel": (
-        "BucketBroadcast", "ChannelSpec", "TensorSource", "WeightChannel", "bucket_nbytes", "parse_dtype",
-        "plan_buckets", "post_all", "unflatten_bucket",
+        "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "TensorSource", "WeightChannel",
+        "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "unflatten_bucket",
     ),
     "weights": ("TrainerHandle", "WeightUpdateError", "WeightUpdater"),
     "wire": (
-        "TOKEN_ENV", "GenerateBody", "LoadWeightsBody", "ReceiveWeightsBody", "VersionBody", "WeightGroupBody",
-        "check_load_path", "from_json", "to_json",
+        "TOKEN_ENV", "GenerateBody", "GenerateResult", "Health", "LoadWeightsBody", "ReceiveWeightsBody",
+        "VersionBody", "WeightGroupBody", "check_load_path", "from_json", "to_json",
     ),
-    "workflow": ("RewardScorer", "TokenSequence", "Workflow", "encode_chat", "request_seed", "sampling_params", "stop_at_strings"),
+    "workflow": (
+        "RewardScorer", "TokenSequence", "Workflow", "encode_chat", "request_seed", "sampling_params",
+        "stop_at_strings",
+    ),
 }  # fmt: skip
 #: The config tree a plugin's classes are built with (defined in ``areal_core.config``).
 _CONFIG = ("ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "from_dict")
