@@ -37,8 +37,7 @@ fi
 step npu_platform_on_hardware 180 python - <<'PY'
 import os
 import torch, torch.distributed as dist
-from areal_core.active_platform import activate_platform
-from areal_core.active_platform import resolve_platform
+from areal_core.active_platform import activate_platform, resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import free_port
 plugins = load_plugins()
