@@ -1,4 +1,5 @@
-"""The training worker group, the controller's handle of the training workers: starts them, sends commands, watches them.
+"""The training worker group: the controller's handle of the training workers; starts them, sends
+commands (:data:`~areal_core.train.worker.OPS`), watches them.
 
 Every call is sent to all ranks (the engine's methods are collective) and waits for every reply
 while polling the worker processes, so a worker that dies makes the call raise promptly with the
