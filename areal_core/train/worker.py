@@ -1,8 +1,9 @@
-"""Training worker process: one rank of the FSDP2 engine, driven by the controller over RPC.
+"""Training worker process: one rank of the FSDP2 policy, driven by the controller over RPC.
 
 ``python -m areal_core.train.worker --rank R --world-size W --controller 127.0.0.1:PORT``
 connects back to the controller (authkey from ``AREAL_TRAIN_AUTHKEY``), then runs the commands it
-receives (pickled attrs objects below) until :class:`Shutdown` or the controller goes away.
+receives (:class:`Build`, then :class:`Op` s of the :data:`OPS` table) until :class:`Shutdown` or the
+controller goes away.
 torch.distributed reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment.
 """
 
@@ -41,7 +42,7 @@ class Reply:
 
 @attrs.frozen
 class Build:
-    """Create the engine: process group, sharded model, optimizer."""
+    """Create the policy: process group, sharded model, optimizer."""
 
     config: Config
     model_path: str
