@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -29,6 +29,9 @@ from areal_engine_vllm.gloo_common import (
     abort,
     join_group,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
