@@ -25,7 +25,7 @@ def _lint(config: Path, *paths: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths))}
     code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
     return subprocess.run(
-        [sys.executable, "-c", code, "--no-cache", "--no-logo", str(config)],
+        [sys.executable, "-c", code, "--no-cache", "--no-logo", "--config", str(config)],
         capture_output=True, text=True, timeout=120, env=env, cwd=config.parent,
     )  # fmt: skip
 
