@@ -1,5 +1,5 @@
 """The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``, ``areal servers``,
-``areal quickstart`` (the packaged examples: :mod:`areal_core.examples`).
+``areal timeline``, ``areal quickstart`` (the packaged examples: :mod:`areal_core.examples`).
 
 Errors print one line on stderr, without a traceback, and exit 2 (user errors) or 3 (a process of
 the run died: ``ProcessFailedError``).
@@ -123,6 +123,19 @@ def cmd_servers(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_timeline(ns: argparse.Namespace) -> int:
+    """``areal timeline RUN_DIR``: draw the run's timeline and print its largest idle gaps."""
+    from pathlib import Path
+
+    from areal_core.timeline_report import report
+
+    if ns.top < 1:
+        raise ArealError(f"--top {ns.top}: give at least 1")
+    for line in report(Path(ns.run_dir), ns.top):
+        print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="areal", description="Asynchronous RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, help="add: how many servers to start")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_servers)
+    p = sub.add_parser("timeline", help="draw a run's timeline (timeline.png, timeline.trace.json) and its idle gaps")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (it holds timeline.jsonl)")
+    p.add_argument("--top", type=int, default=3, help="how many of the largest idle gaps to print")
+    p.set_defaults(func=cmd_timeline)
     return parser
 
 

@@ -40,6 +40,14 @@ def _gt(bound: float):
     return check
 
 
+def _lt(bound: float):
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not value < bound:
+            raise ValueError(f"must be < {bound}, got {value}")
+
+    return check
+
+
 def _le(bound: float):
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         if value is not None and value > bound:
@@ -62,6 +70,7 @@ class TinyModelSpec:
     head_dim: int = attrs.field(default=32, validator=_ge(32))  # vLLM-CPU attention needs >= 32
     intermediate_size: int = attrs.field(default=256, validator=_ge(1))
     max_position_embeddings: int = attrs.field(default=512, validator=_ge(16))
+    initializer_range: float = attrs.field(default=0.02, validator=_gt(0))  # std of the random weights
 
 
 @frozen
@@ -118,6 +127,20 @@ class OptimizerConfig:
 
 
 @frozen
+class LoraConfig:
+    """LoRA adapters on the policy (peft): only they train, and only they go to the servers."""
+
+    rank: int = attrs.field(default=16, validator=_ge(1))
+    alpha: float = attrs.field(default=32.0, validator=_gt(0))  # the update is scaled by alpha / rank
+    dropout: float = attrs.field(default=0.0, validator=[_ge(0), _lt(1)])
+    # Linear layers (module-name suffixes) that get an adapter; the defaults are every linear
+    # layer of a decoder block in Llama/Qwen-style models.
+    target_modules: list[str] = attrs.Factory(
+        lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@frozen
 class ActorConfig:
     algorithm: str = "grpo"
     weight_update: str = "disk"
@@ -138,6 +161,7 @@ class ActorConfig:
     leave_one_out: bool = False
     recompute_logprobs: bool = True  # proximal log-probs before the update (decoupled PPO)
     logprob_chunk_size: int = attrs.field(default=1024, validator=_ge(1))
+    lora: LoraConfig | None = None  # set (e.g. `actor.lora: {rank: 16}`) to train LoRA adapters only
 
 
 @frozen
@@ -186,6 +210,7 @@ class StatsConfig:
     tensorboard: bool = True
     eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
     progress: bool = True
+    timeline: bool = True  # trainer phases and rollout concurrency in RUN_DIR/timeline.jsonl (`areal timeline`)
 
 
 @frozen
@@ -446,6 +471,8 @@ def check_config(config: Config) -> None:
 
     if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
         raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")
+    if config.actor.lora is not None:
+        _check_lora(config.actor.lora)
     for i, stop in enumerate(config.gconfig.stop):
         if not stop:
             raise ConfigError(
@@ -455,6 +482,18 @@ def check_config(config: Config) -> None:
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):
             raise ConfigError(key, f"{value!r} must be a plain directory name")
+
+
+def _check_lora(lora: LoraConfig) -> None:
+    if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
+        raise ConfigError(
+            "actor.lora.target_modules",
+            f"{lora.target_modules!r}: list the linear layers to adapt, e.g. [q_proj, v_proj]",
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("actor.lora", "LoRA needs peft, which is not installed; pip install 'areal-core[lora]'")
 
 
 def config_and_overrides(config: str | None, args: Sequence[str]) -> tuple[str | None, list[str]]:

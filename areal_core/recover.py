@@ -32,6 +32,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "model.path",
     "model.tiny",
     "model.dtype",
+    "actor.lora",  # a checkpoint holds the adapter alone, of this rank and these targets
     "seed",
     "train_dataset.name",
     "train_dataset.path",

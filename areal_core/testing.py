@@ -178,3 +178,62 @@ def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: f
     chosen = logits.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
     gaps = logits.max(-1).values - chosen
     assert float(gaps.max()) <= tol, f"token {int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"
+
+
+def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float = 0.3) -> Any:
+    """A peft LoRA adapter (``lora``: an ``actor.lora`` section) on the model at ``base_dir`` with
+    N(0, scale) weights, saved at ``out``; returns the model with it merged in."""
+    import torch
+    from peft import get_peft_model
+
+    from areal_core.train.lora import peft_config
+
+    model = get_peft_model(load_model(base_dir), peft_config(lora, str(base_dir)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    model.save_pretrained(out)
+    return model.merge_and_unload().eval()
+
+
+def assert_logprobs_under(model: Any, responses: list[Any], atol: float) -> None:
+    """Each response's sampled log-probs (temperature 1) equal ``model``'s within ``atol``."""
+    import torch
+
+    for resp in responses:
+        ids = torch.tensor([resp.input_ids + resp.output_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(resp.input_ids) - 1 : -1].float()
+        want = logits.log_softmax(-1).gather(-1, torch.tensor(resp.output_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(resp.logprobs), want, atol=atol, rtol=0)
+
+
+def check_adapter_updates(engine: Any, base_dir: Any, out_root: Any, lora: Any, prompts: list[list[int]],
+                          atol: float, name_of: Any) -> None:
+    """Publish random adapters as versions 1 and 2 (saved as ``out_root/v{v}``, loaded while paused)
+    and check each against transformers with it merged: greedy outputs equal, every token tagged with
+    the version, sampled log-probs within ``atol``; the adapter requests name (``name_of(engine)``) is
+    ``areal-lora-v{v}``; and the outputs differ from the base model's."""
+    from pathlib import Path
+
+    from areal_core.api.engine import GenerationRequest, SamplingParams
+
+    greedy = [greedy_request(p, 12) for p in prompts]
+    sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))
+               for i, p in enumerate(prompts)]
+    base = load_model(base_dir)
+    assert [r.output_ids for r in generate_all(engine, greedy)] == [hf_greedy(base, p, 12) for p in prompts]
+    for version in (1, 2):
+        path = Path(out_root) / f"v{version}"
+        merged = random_adapter(base_dir, path, lora, seed=version)
+        engine.pause()
+        engine.load_weights_from_disk(str(path), version)
+        engine.resume()
+        assert name_of(engine) == f"areal-lora-v{version}"
+        outputs = generate_all(engine, greedy)
+        assert [r.output_ids for r in outputs] == [hf_greedy(merged, p, 12) for p in prompts]
+        assert all(r.versions == [version] * 12 for r in outputs)
+        assert_logprobs_under(merged, generate_all(engine, sampled), atol)
+    assert [r.output_ids for r in outputs] != [hf_greedy(base, p, 12) for p in prompts]

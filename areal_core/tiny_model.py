@@ -56,6 +56,7 @@ def build_tiny_qwen3(spec: TinyModelSpec, vocab_size: int, *, pad_id: int, eos_i
         eos_token_id=eos_id,
         bos_token_id=eos_id,
         torch_dtype="float32",
+        initializer_range=spec.initializer_range,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -109,7 +110,12 @@ def _no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def vars_of(spec: TinyModelSpec) -> dict[str, int]:
+def vars_of(spec: TinyModelSpec) -> dict[str, float]:
+    """The spec's fields, the default ``initializer_range`` left out (so models built before it
+    existed keep their cache directory)."""
     import attrs
 
-    return attrs.asdict(spec)
+    fields = attrs.asdict(spec)
+    if fields["initializer_range"] == attrs.fields(TinyModelSpec).initializer_range.default:
+        del fields["initializer_range"]
+    return fields

@@ -4,7 +4,8 @@ Each step: ``prepare_batch`` (rollouts keep flowing between steps, bounded by th
 advantages -> PPO minibatches on the FSDP2 workers (which take the proximal log-probs when the
 algorithm needs them, from the update's own forward when there is one minibatch) -> pause
 generation, ``weight_updater.update(v+1)``, bump the version, resume -> stats, evaluation,
-checkpoints and recover points on their schedules. ``time/*`` stats say where each step went.
+checkpoints and recover points on their schedules. ``time/*`` stats say where each step went;
+``timeline.jsonl`` records each phase and the rollout concurrency (:mod:`areal_core.timeline`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from areal_core.resolve import resolve_config
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.api.workflow import Workflow
+from areal_core.timeline import Timeline, open_timeline
 from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -252,6 +254,7 @@ class _Loop:
         self.recover = RecoverStore(config.run_dir / "recover")
         self.fixed = fixed  # the fingerprint each recover point stores
         self.run_dir = config.run_dir
+        self.timeline = Timeline(None)  # replaced by the run's recorder in run()
         self.aborted_updates = 0  # weight updates that left the servers on their previous weights
 
     # ------------------------------------------------------------------ helpers
@@ -263,7 +266,9 @@ class _Loop:
         """
         info = self.recover.latest() if self.config.recover.mode == "auto" else None
         version = info.version if info else 0
-        self.rollout = RolloutRunner.from_config(self.planes.engine, self.config, version, self.planes.ledger)
+        self.rollout = RolloutRunner.from_config(
+            self.planes.engine, self.config, version, self.planes.ledger, self.timeline
+        )
         self.planes.ledger.record("start", version=version, dataset_size=len(self.loader), recovered=info is not None)
         if info is None:
             return 0
@@ -327,10 +332,12 @@ class _Loop:
         self.planes.scheduler.check_alive(exclude=fleet.server_handles())
         fleet.ensure_serving()
         if fleet.has_pending():
-            self._update_weights(self.rollout.version)
+            self._update_weights(self.rollout.version, self.rollout.version)
 
-    def _train_on(self, batch: list[Trajectory]) -> dict[str, float]:
+    def _train_on(self, batch: list[Trajectory], step: int) -> dict[str, float]:
         import torch
+
+        from areal_core.train.fsdp_policy import MINIBATCH_S
 
         planes = self.planes
         rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
@@ -344,26 +351,46 @@ class _Loop:
         rewards, group_ids = rewards[keep], group_ids[keep]
         advantages = planes.algorithm.compute_advantages(rewards, group_ids).tolist()
         recompute = planes.algorithm.needs_proximal_logprobs and self.config.actor.recompute_logprobs
+        call_start = time.perf_counter()
         result = planes.trainer.train_step(batch, advantages, None, recompute_prox=recompute)
+        minibatch_s = [result.pop(f"{MINIBATCH_S}{i}") for i in range(sum(k.startswith(MINIBATCH_S) for k in result))]
+        self._worker_spans(step, call_start, time.perf_counter(), result.get("time/prox_logp_s", 0.0), minibatch_s)
         stats.update({k if k.startswith("time/") else f"train/{k}": float(v) for k, v in result.items()})
         return stats
 
-    def _update_weights(self, version: int) -> float:
+    def _worker_spans(self, step: int, start: float, end: float, prox_s: float, minibatch_s: list[float]) -> None:
+        """The workers' phases on the timeline, laid out from the call's ``start`` (worker clocks are
+        not the controller's): proximal pass, each minibatch, then the call's rest (``rpc``)."""
+        t = start
+        if prox_s > 0:
+            self.timeline.add_span("prox_logp", step, t, t + prox_s, parent="train")
+            t += prox_s
+        for i, seconds in enumerate(minibatch_s):
+            self.timeline.add_span("minibatch", step, t, t + seconds, parent="train", index=i)
+            t += seconds
+        self.timeline.add_span("rpc", step, min(t, end), end, parent="train")
+
+    def _update_weights(self, version: int, step: int) -> float:
         """Publish ``version`` with generation paused; an aborted update leaves every server on its
         previous weights and version, and the run goes on (the next step publishes newer ones)."""
         from areal_core.api.weights import WeightUpdateError
 
-        rollout = self.rollout
-        start = time.perf_counter()
-        rollout.pause()
-        try:  # servers that joined get the weights too; one lost meanwhile is left out
-            self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)
-        except WeightUpdateError as exc:
-            self.aborted_updates += 1
-            logger.warning("weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc)
-        finally:
-            rollout.resume()
-        return time.perf_counter() - start
+        rollout, timeline = self.rollout, self.timeline
+        with timeline.span("weight_update", step, version=version) as whole:
+            with timeline.span("pause", step, parent="weight_update"):
+                rollout.pause()
+            try:  # servers that joined get the weights too; one lost meanwhile is left out
+                with timeline.span("weight_load", step, parent="weight_update"):
+                    self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)
+            except WeightUpdateError as exc:
+                self.aborted_updates += 1
+                logger.warning(
+                    "weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc
+                )
+            finally:
+                with timeline.span("resume", step, parent="weight_update"):
+                    rollout.resume()
+        return whole.seconds
 
     def _save_recover_point(self, step: int) -> None:
         def write_checkpoint(path: Path) -> None:
@@ -387,6 +414,7 @@ class _Loop:
         from areal_core.stats import StatsLogger, plot_reward_curve
 
         config, planes = self.config, self.planes
+        self.timeline = timeline = open_timeline(self.run_dir, config.stats.timeline, config.train_dataset.batch_size)
         start_step = self._restore()
         version = start_step
         rollout = self.rollout
@@ -402,14 +430,15 @@ class _Loop:
             with progress:
                 for step in range(start_step + 1, config.total_train_steps + 1):
                     step_start = time.perf_counter()
-                    batch = order_batch(self._next_batch(step))
+                    with timeline.span("rollout_wait", step) as wait:
+                        batch = order_batch(self._next_batch(step))
                     rollout_stats = rollout.stats
-                    train_start = time.perf_counter()
-                    stats = self._train_on(batch)
-                    stats["time/rollout_wait_s"] = train_start - step_start
-                    stats["time/train_s"] = time.perf_counter() - train_start
+                    with timeline.span("train", step) as train:
+                        stats = self._train_on(batch, step)
+                    stats["time/rollout_wait_s"] = wait.seconds
+                    stats["time/train_s"] = train.seconds
                     version += 1
-                    stats["time/weight_update_s"] = self._update_weights(version)
+                    stats["time/weight_update_s"] = self._update_weights(version, step)
                     n_tokens = sum(t.n_output_tokens for t in batch)
                     samples, tokens = samples + len(batch), tokens + n_tokens
                     stats.update(
@@ -429,17 +458,24 @@ class _Loop:
                     )
                     every = config.stats.eval_every
                     if self.valid_items and every and (step % every == 0 or step == config.total_train_steps):
-                        last_eval = stats["eval/accuracy"] = self._evaluate()
+                        with timeline.span("eval", step):
+                            last_eval = stats["eval/accuracy"] = self._evaluate()
                     stats.update(self._failure_stats(failure_counts))
                     stats_log.log(step, stats)
                     progress.update(step, stats)
                     self._report_failures(f"step {step}")
                     if config.recover.mode == "auto" and step % config.recover.freq_steps == 0:
-                        self._save_recover_point(step)
+                        with timeline.span("recover_point", step):
+                            self._save_recover_point(step)
                     if config.saver.freq_steps and step % config.saver.freq_steps == 0:
-                        self._save_hf(f"step{step}")
-            final = self._save_hf("final")
+                        with timeline.span("checkpoint", step):
+                            self._save_hf(f"step{step}")
+                    timeline.flush()
+            with timeline.span("checkpoint", config.total_train_steps, final=True):
+                final = self._save_hf("final")
+            loop_seconds = time.perf_counter() - t0  # the loop ends here; stopping and plotting follow
         finally:
+            timeline.flush()
             stats_log.close()
             rollout.stop()
         history = stats_log.history
@@ -449,7 +485,7 @@ class _Loop:
             steps=len(history),
             samples=samples,
             output_tokens=tokens,
-            wall_seconds=time.perf_counter() - t0,
+            wall_seconds=loop_seconds,
             startup_seconds=t0 - created,
             reward_first=rewards[0] if rewards else 0.0,
             reward_last=_mean(rewards[-5:]),

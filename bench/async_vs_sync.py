@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
-    python bench/async_vs_sync.py [--steps 40] [--staleness 2]
+    python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--repeats 3] [--keep DIR]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -16,6 +16,12 @@ asynchronous run comes to it. Ideal = synchronous wall / max(train time, generat
 real engine the generation time is the synchronous run's measured wait (the plain overlap bound);
 for the replay engine it is the time a never-blocked pipe of in-flight episodes needs, since
 asynchrony also stops waiting for stragglers.
+
+After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
+generation) and its largest idle gaps, from its timeline (``areal timeline``). With
+``--repeats N`` both parts run N times (part 2 replays part 1's recording of the same repeat) and
+the min, median and max of the speed-up and of the % of bound close the output. ``--keep DIR``
+keeps the run directories (timelines included) under DIR.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 
 from areal_core.api import hookimpl
@@ -36,6 +44,7 @@ from areal_core.config import load_config
 from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.plugins import load_plugins
+from areal_core.timeline_report import find_gaps, load, wait_breakdown
 from areal_core.trainer import Trainer
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
@@ -95,7 +104,10 @@ class ReplayLatencyEngine(InferenceEngine):
         self.paused = False
 
     def health(self) -> list[bool]:
-        return []
+        return [True]
+
+    def members(self) -> tuple[str, ...]:
+        return ("replay",)  # one in-process stand-in: a wait past the liveness poll finds it serving
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
         self.version = version
@@ -113,7 +125,7 @@ def areal_register_inference_engines(register):
     register(ReplayLatencyEngine.name, ReplayLatencyEngine)
 
 
-def run_job(root: Path, trial: str, overrides: list[str]) -> dict[str, float]:
+def run_job(root: Path, trial: str, overrides: list[str]) -> dict[str, Any]:
     plugins = load_plugins(extra=[("bench-engines", types.SimpleNamespace(areal_register_inference_engines=areal_register_inference_engines))])
     config = load_config(None, [f"fileroot={root}", f"trial_name={trial}", *overrides])
     start = time.perf_counter()
@@ -128,6 +140,7 @@ def run_job(root: Path, trial: str, overrides: list[str]) -> dict[str, float]:
         "gen": sum(r["time/rollout_wait_s"] for r in rows),
         "train": sum(r["time/train_s"] + r["time/weight_update_s"] for r in rows),
         "max_lag": max(r["rollout/max_lag"] for r in rows),
+        "run_dir": summary.run_dir,
     }
 
 
@@ -137,9 +150,11 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
     return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
 
 
-def compare(label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None) -> None:
+def compare(
+    label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None
+) -> tuple[float, float]:
     """Run sync and async; ``pipe_gen_s`` is the rollout side's time when never blocked (None: the
-    synchronous generation time, i.e. the plain overlap bound)."""
+    synchronous generation time, i.e. the plain overlap bound). Returns (speed-up, % of bound)."""
     sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"])
     asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"])
     gen = sync["gen"] if pipe_gen_s is None else pipe_gen_s
@@ -155,14 +170,25 @@ def compare(label: str, slug: str, root: Path, common: list[str], staleness: int
     kind = "overlap bound: sync wall / max(sum gen, sum train)" if pipe_gen_s is None else (
         f"bound: sync wall / max(sum train, unblocked rollout time {pipe_gen_s:.1f}s)")
     print(f"async/sync speedup {speedup:.2f}x   ideal {bound:.2f}x ({kind})   async reaches {100 * speedup / bound:.0f}% of it")
+    record = load(asyn["run_dir"])
+    split = wait_breakdown(record)
+    print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))
+    print("async run's largest idle gaps (areal timeline):")
+    for gap in find_gaps(record):
+        print(f"  {gap.seconds:6.2f}s at {gap.start:6.2f}s step {gap.step}: {gap.cause}")
     sys.stdout.flush()
+    return speedup, 100 * speedup / bound
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--staleness", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run directories under this directory")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give at least 1")
     common = [
         f"total_train_steps={args.steps}",
         "seed=3",
@@ -174,20 +200,42 @@ def main() -> None:
         "stats.eval_every=0",
         "stats.tensorboard=false",
     ]
+    results: dict[str, list[tuple[float, float]]] = {"real": [], "replay": []}
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
-        root = Path(tmp)
-        compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
-                [*common, "rollout.engine=hf-recording"], args.staleness, None)
-        lengths = sorted(n for _, n in RECORDED)
-        lat = sorted(t for t, _ in RECORDED)
-        print(f"recorded {len(RECORDED)} requests: length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
-              f"max {lengths[-1]}; latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
-        # A latency-only engine has no compute limit: with C episodes always in flight it yields
-        # N episodes in N * E[episode latency] / C seconds.
-        in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
-        pipe = args.steps * BATCH * episode_latency(N_SAMPLES) / in_flight
-        compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
-                [*common, "rollout.engine=replay-latency"], args.staleness, pipe)
+        for repeat in range(args.repeats):
+            root = (args.keep or Path(tmp)) / f"repeat{repeat}"
+            if args.repeats > 1:
+                print(f"\n######## repeat {repeat + 1} of {args.repeats}")
+            results["real"].append(one_round(root, common, args))
+            results["replay"].append(replay_round(root, common, args))
+    if args.repeats > 1:
+        print(f"\n== {args.repeats} repeats: min / median / max ==")
+        for part, rows in results.items():
+            for i, what in enumerate(("speed-up", "% of bound")):
+                values = sorted(row[i] for row in rows)
+                print(f"{part:7} {what:11} {values[0]:7.2f} / {statistics.median(values):7.2f} / {values[-1]:7.2f}")
+
+
+def one_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, float]:
+    """Part 1: the real engine, recording every request for part 2."""
+    RECORDED.clear()
+    return compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
+                   [*common, "rollout.engine=hf-recording"], args.staleness, None)
+
+
+def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, float]:
+    """Part 2: the replay engine on part 1's recording."""
+    lengths = sorted(n for _, n in RECORDED)
+    lat = sorted(t for t, _ in RECORDED)
+    print(f"recorded {len(RECORDED)} requests: length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
+          f"max {lengths[-1]}; latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
+    # A latency-only engine has no compute limit: with C episodes always in flight it yields
+    # N episodes in N * E[episode latency] / C seconds.
+    in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
+    pipe = args.steps * BATCH * episode_latency(N_SAMPLES) / in_flight
+    return compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
+                   [*common, "rollout.engine=replay-latency"], args.staleness, pipe)
+
 
 if __name__ == "__main__":
     main()

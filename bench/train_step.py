@@ -6,9 +6,12 @@
 (b) packed vs padded micro-batches on long-tail lengths, both as bare loops with the same token
     budget per micro-batch, plus the framework on the same data.
 
+(c) with ``--lora``, instead: LoRA (``actor.lora``) vs full fine-tuning of the 94M-parameter
+    model ``LORA_SPEC`` in the framework: step time and AdamW state memory.
+
 Steps of the contenders are interleaved so machine load drifts hit both alike.
 
-    python bench/train_step.py [--steps 4] [--threads 1]
+    python bench/train_step.py [--steps 4] [--threads 1] [--lora]
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
                      intermediate_size=768, max_position_embeddings=1024)
 CORPUS = ["0123456789+-*/=()? abcdefghijklmnopqrstuvwxyz"]
 MAX_TOKENS = 1024
+#: 94M parameters (fp32: 378 MB); bench/weight_sync.py --lora uses it too.
+LORA_SPEC = TinyModelSpec(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8, head_dim=64,
+                          intermediate_size=2816, max_position_embeddings=1024)
+LORA = ("actor.lora.rank=16", "actor.lora.alpha=32")
 
 
 def make_trajs(lengths: list[int], vocab: int, seed: int) -> list[Trajectory]:
@@ -128,16 +135,61 @@ def race(contenders: dict[str, Callable[[], None]], steps: int, tokens: int) -> 
     return {name: tokens * steps / t for name, t in elapsed.items()}
 
 
+def optimizer_state_bytes(engine: FSDPPolicy) -> int:
+    """Bytes of every tensor in the engine's AdamW state (this rank's shards)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(
+        (v.to_local() if isinstance(v, DTensor) else v).nbytes
+        for state in engine.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    )
+
+
+def lora_vs_full(steps: int) -> None:
+    """(c): the same data through a full and a LoRA engine, steps interleaved."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = ensure_tiny_model(LORA_SPEC, CORPUS, tmp, seed=0)
+        engines = {}
+        for name, extra in (("full", ()), ("lora", LORA)):
+            config = load_config(None, [f"model.path={path}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
+                                        "total_train_steps=100", *extra])
+            algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
+            engines[name] = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
+            engines[name].initialize()
+        vocab = engines["full"].model.lm.config.vocab_size
+        lengths = [random.Random(0).randint(48, 160) for _ in range(16)]
+        trajs = make_trajs(lengths, vocab, seed=1)
+        adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
+        speeds = race({n: (lambda e=e: e.ppo_update(trajs, adv)) for n, e in engines.items()}, steps, sum(lengths))
+        memory = {n: optimizer_state_bytes(e) for n, e in engines.items()}
+        trained = {n: sum(p.numel() for p in e.model.parameters() if p.requires_grad) for n, e in engines.items()}
+    n_params = sum(p.numel() for p in engines["full"].model.parameters())
+    print(f"\nmodel: Qwen3 hidden={LORA_SPEC.hidden_size} layers={LORA_SPEC.num_layers} params={n_params / 1e6:.1f}M; "
+          f"LoRA {' '.join(LORA)} on every linear layer; {len(lengths)} seqs, {sum(lengths)} tokens; {steps} timed steps\n")
+    print(f"{'contender':<8} {'trained params':>15} {'AdamW state MB':>15} {'tokens/s':>10} {'s/step':>8}")
+    for n in engines:
+        print(f"{n:<8} {trained[n]:>15,} {memory[n] / 2**20:>15.1f} {speeds[n]:>10.0f} {sum(lengths) / speeds[n]:>8.2f}")
+    print(f"\n(c) LoRA / full: AdamW state memory {memory['lora'] / memory['full']:.4f}, "
+          f"step time {speeds['full'] / speeds['lora']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per contender")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
+    parser.add_argument("--lora", action="store_true", help="run (c), LoRA vs full fine-tuning, instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if args.lora:
+        try:
+            lora_vs_full(args.steps)
+        finally:
+            dist.destroy_process_group()
+        return
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = ensure_tiny_model(SPEC, CORPUS, tmp, seed=0)

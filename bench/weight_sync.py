@@ -10,7 +10,10 @@ Contenders, interleaved so machine load drifts hit all alike (median of ``--reps
   disk       our ``disk`` update end to end: pause, save_hf + fsync + rename, server load, resume;
   safetensors a raw ``save_file`` + ``load_file`` of the same tensors in this process.
 
-    python bench/weight_sync.py [--reps 3] [--buckets 32,128,512] [--engine hf|vllm]
+With ``--lora``, instead: bytes and seconds per update of a LoRA adapter vs the full model
+(``disk`` and ``xccl`` to one hf server), on bench/train_step.py's 94M-parameter model.
+
+    python bench/weight_sync.py [--reps 3] [--buckets 32,128,512] [--engine hf|vllm] [--lora]
 """
 
 from __future__ import annotations
@@ -152,12 +155,73 @@ def bench_size(
     return [(label, name, mb, statistics.median(t)) for name, t in times.items()]
 
 
+def _update_bytes(directory: Path) -> int:
+    """Bytes of the tensors a disk update wrote (what xccl sends too)."""
+    return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+
+
+def bench_lora(root: Path, reps: int) -> None:
+    """Adapter vs full model: per update, the bytes moved and the seconds of ``disk`` and ``xccl``."""
+    from train_step import LORA, LORA_SPEC
+
+    from areal_core.train.worker_group import TrainWorkerGroup
+
+    model = ensure_tiny_model(LORA_SPEC, CORPUS, root / "models", seed=0)
+    plugins = load_plugins()
+    rows: dict[str, tuple[int, dict[str, float]]] = {}
+    for mode, extra in (("full", ()), ("lora", LORA)):
+        config = load_config(None, [f"fileroot={root / mode}", f"model.path={model}", "rollout.servers=1",
+                                    "rollout.request_timeout=600", "total_train_steps=1",
+                                    "rollout.server_startup_timeout=900", *extra])  # fmt: skip
+        seconds: dict[str, float] = {}
+        with LocalScheduler(CpuPlatform()) as scheduler:
+            engine = plugins.get("engine", "hf")(config, CpuPlatform())
+            engine.launch_servers(scheduler)
+            with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
+                version = 0
+                for name in ("disk", "xccl"):
+                    updater = plugins.get("weight_updater", name)(config, CpuPlatform())
+                    updater.connect(trainer, engine)
+                    times: list[float] = []
+                    for rep in range(reps + 1):  # the first is a warm-up
+                        version += 1
+                        start = time.perf_counter()
+                        engine.pause()
+                        try:
+                            updater.update(version)
+                        finally:
+                            engine.resume()
+                        if rep:
+                            times.append(time.perf_counter() - start)
+                        if name == "disk":
+                            nbytes = _update_bytes(updater.version_dir(version))
+                    updater.close()
+                    seconds[name] = statistics.median(times)
+                assert _served_version(engine) == version
+        rows[mode] = (nbytes, seconds)
+    print(f"\nmodel: {sum(t.numel() for t in _tensors(model)) / 1e6:.1f}M parameters; LoRA {' '.join(LORA)} "
+          f"on every linear layer; hf server; median of {reps}\n")
+    print(f"{'update':6} {'MiB':>9} {'disk s':>8} {'xccl s':>8}")
+    for mode, (nbytes, seconds) in rows.items():
+        print(f"{mode:6} {nbytes / 2**20:9.2f} {seconds['disk']:8.3f} {seconds['xccl']:8.3f}")
+    (full_bytes, full_s), (lora_bytes, lora_s) = rows["full"], rows["lora"]
+    print(f"\nadapter / full: bytes {lora_bytes / full_bytes:.4f}, disk seconds {lora_s['disk'] / full_s['disk']:.3f}, "
+          f"xccl seconds {lora_s['xccl'] / full_s['xccl']:.3f}")
+
+
+def _tensors(model_dir: Path) -> list[torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return list(load_file(model_dir / "model.safetensors").values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--buckets", default="32,128,512", help="xccl bucket sizes (MB) to compare")
     parser.add_argument("--sizes", default="50MB,500MB")
     parser.add_argument("--engine", default="hf", help="the inference engine of the xccl and disk rows: hf or vllm")
+    parser.add_argument("--lora", action="store_true", help="adapter vs full model updates instead (94M parameters)")
     parser.add_argument("--raw-receiver", nargs=3, metavar=("PORT", "WEIGHTS", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_receiver:
@@ -165,6 +229,10 @@ def main() -> None:
         raw_receiver(int(port), weights, int(rounds))
         return
     torch.set_num_threads(1)
+    if args.lora:
+        with tempfile.TemporaryDirectory(prefix="weight_sync_lora_") as tmp:
+            bench_lora(Path(tmp), args.reps)
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="weight_sync_") as tmp:
         for label in args.sizes.split(","):

@@ -14,7 +14,7 @@ if [ -z "${AREAL_VLLM:-}" ]; then
   else AREAL_VLLM=cpu
   fi
 fi
-args=(-e ".[test,ray,agent]")
+args=(-e ".[test,ray,agent,lora]")
 plugins=""
 for dir in plugins/*/; do
   dir="${dir%/}"

@@ -189,7 +189,7 @@ def test_recompute_prox_equals_a_separate_pass(process_group, model_path, miniba
     (separate, p0), (inside, p1) = results
     assert inside["time/prox_logp_s"] == 0.0 if minibatches == 1 else inside["time/prox_logp_s"] > 0
     for key, value in separate.items():
-        if not key.startswith("time/") and key != "tokens_per_s":
+        if not key.startswith(("time/", "minibatch_s/")) and key != "tokens_per_s":  # timings
             assert inside[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert separate["behav_imp_weight_max"] > 1.05  # the anchor was not the behaviour policy
     for name in p0:
@@ -274,9 +274,11 @@ def test_save_hf_loads_back_with_transformers(process_group, model_path, tmp_pat
     assert tokenizer.decode(tokenizer("12+3=")["input_ids"]) == "12+3="
 
 
-def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, tmp_path):
+@pytest.mark.parametrize("lora", [(), ("actor.lora.rank=4", "actor.lora.alpha=8")], ids=["full", "lora"])
+def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, tmp_path, lora):
+    """Model (with LoRA: the adapter; the base comes from model.path), AdamW state, schedule, RNG."""
     overrides = ("actor.ppo_n_minibatches=2", "actor.optimizer.warmup_steps=3", "actor.optimizer.schedule=cosine",
-                 "total_train_steps=4")
+                 "total_train_steps=4", *lora)
     straight = make_engine(model_path, *overrides)
     trajs, adv = make_batch(straight)
     for _ in range(4):
@@ -297,6 +299,9 @@ def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, 
     expected, got = params(straight), params(resumed)
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
+    for want, have in zip(straight.optimizer.state.values(), resumed.optimizer.state.values(), strict=True):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(want[key].to_local(), have[key].to_local()), key
     assert attrs.asdict(straight.config) == attrs.asdict(resumed.config)
 
 

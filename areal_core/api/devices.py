@@ -42,16 +42,30 @@ def trainer_devices(config: Config, platform: Platform, rank: int) -> tuple[int,
     return (config.rollout.servers * config.rollout.devices_per_server + rank,)
 
 
-def physical_devices(indices: Sequence[int], visible: str | None, env_var: str = "visible devices") -> tuple[str, ...]:
+def physical_devices(
+    indices: Sequence[int], visible: str | None, env_var: str = "visible devices", count: int | None = None
+) -> tuple[str, ...]:
     """The ids to expose to a child for layout ``indices`` when this process sees only ``visible``
     (its own ``CUDA_VISIBLE_DEVICES``/``ASCEND_RT_VISIBLE_DEVICES``): index ``i`` is its ``i``-th entry,
-    so a controller started with ``ASCEND_RT_VISIBLE_DEVICES=4,5`` places a 1 + 1 run on NPUs 4 and 5."""
+    so a controller started with ``ASCEND_RT_VISIBLE_DEVICES=4,5`` places a 1 + 1 run on NPUs 4 and 5.
+    Without ``visible``, index ``i`` is device ``i`` of the ``count`` this machine has (unchecked
+    when ``count`` is None). An index past the last device is refused with one line: no device is
+    free for it (a server added at run time never falls back onto a trainer's device)."""
     ids = [item.strip() for item in (visible or "").split(",") if item.strip()]
+    needed = max(indices, default=-1)
     if not ids:
+        if count is not None and needed >= count:
+            raise ArealError(
+                f"no free device: the run needs device index {needed}, but {env_var} is not set and this machine "
+                f"has {count} (0..{count - 1}); servers take the first devices, training ranks the next, servers "
+                "added at run time the ones after: lower rollout.servers, rollout.devices_per_server or "
+                f"actor.world_size, stop adding servers, or set {env_var} to the devices to use"
+            )
         return tuple(str(i) for i in indices)
-    if indices and max(indices) >= len(ids):
+    if needed >= len(ids):
         raise ArealError(
-            f"the run needs device index {max(indices)}, but {env_var}={visible} leaves {len(ids)} visible; "
-            "lower rollout.servers, rollout.devices_per_server or actor.world_size, or expose more devices"
+            f"no free device: the run needs device index {needed}, but {env_var}={visible} leaves {len(ids)} visible; "
+            "lower rollout.servers, rollout.devices_per_server or actor.world_size, stop adding servers, "
+            "or expose more devices"
         )
     return tuple(ids[i] for i in indices)

@@ -57,6 +57,9 @@ class InferenceEngine(abc.ABC):
     """Client of generation servers. Control calls are synchronous; generation is async."""
 
     name: ClassVar[str] = ""
+    #: Whether the weight channel (``SupportsWeightChannel``) takes a LoRA adapter's tensors alone
+    #: (``actor.lora`` with ``actor.weight_update: xccl``); engines without it load adapters from disk.
+    channel_takes_adapter: ClassVar[bool] = False
 
     def __init__(self, config: Config, platform: Platform) -> None:
         self.config = config

@@ -37,6 +37,7 @@ from areal_core.api.errors import ArealError, ConfigError
 from areal_core.api.http_json import post_json
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, free_port, log_tail
 from areal_core.api.devices import server_devices
+from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -196,6 +197,8 @@ class HTTPServerEngine(InferenceEngine):
     token_env: ClassVar[str] = ""  # env var carrying the bearer token to the server
     pause_route: ClassVar[str] = ""  # aborts in-flight requests and holds new ones
     resume_route: ClassVar[str] = ""
+    commit_route: ClassVar[str] = ""  # phase two of a staged update: serve it, reply its digest
+    rollback_route: ClassVar[str] = ""  # undo the last commit
 
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)
@@ -494,6 +497,28 @@ class HTTPServerEngine(InferenceEngine):
             timeout_s=self.config.actor.weight_update_timeout_s,
             ranks_per_server=self.config.rollout.devices_per_server,
         )
+
+    def commit_staged(self, version: int) -> None:
+        """Phase two of a staged update (every member staged ``version``): all commit, and
+        ``version`` serves only if every member did, with equal digests of what it staged.
+        Otherwise the members that committed roll back (one that cannot is removed from the fleet
+        and replaced with ``rollout.restart_failed``) and ``WeightUpdateError`` says what happened."""
+        outcomes = self._post_each(self.commit_route, [{"version": version}] * len(self.members()))
+        failed = {address: str(reply) for address, reply in outcomes if isinstance(reply, ArealError)}
+        committed = [(address, reply) for address, reply in outcomes if not isinstance(reply, ArealError)]
+        if not failed and len({reply["digest"] for _, reply in committed}) <= 1:
+            return
+        reason = "; ".join(failed.values()) or "the members staged different bytes (digests differ)"
+        timeout = self.config.rollout.request_timeout
+        for address, _ in committed:
+            try:
+                post_json(address, self.rollback_route, {}, self._headers(), timeout, self.server_label)
+            except ArealError as exc:
+                self.remove_server(address, f"could not roll back version {version}: {exc}")
+        for address in failed:
+            if self.server_lost(address):
+                self.remove_server(address, f"lost during the commit of version {version}")
+        raise WeightUpdateError(f"commit of version {version} aborted, every server serves its previous weights: {reason}")
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}

@@ -33,7 +33,9 @@ def get_json(address: str, endpoint: str, headers: dict[str, str], timeout: floa
 def post_json(
     address: str, endpoint: str, body: dict[str, Any], headers: dict[str, str], timeout: float, label: str
 ) -> dict[str, Any]:
-    """POST ``body`` to ``http://{address}{endpoint}``; ArealError naming ``label`` (e.g. "hf server") on failure."""
+    """POST ``body`` to ``http://{address}{endpoint}``; ArealError naming ``label`` (e.g. "hf server") on failure.
+
+    A success whose body is not JSON (vLLM's LoRA routes answer in plain text) is ``{"text": ...}``."""
     request = urllib.request.Request(
         f"http://{address}{endpoint}",
         data=json.dumps(body).encode(),
@@ -42,7 +44,7 @@ def post_json(
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"{}")
+            raw = resp.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:
@@ -53,3 +55,7 @@ def post_json(
         raise ArealError(f"{label} {address} {endpoint} failed ({exc.code}): {message}") from None
     except OSError as exc:
         raise ArealError(f"{label} {address} {endpoint} is unreachable: {exc}") from None
+    try:
+        return json.loads(raw or b"{}")
+    except ValueError:
+        return {"text": raw.decode(errors="replace")}

@@ -27,6 +27,7 @@ from areal_core.rollout.failures import FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.api.workflow import Workflow
+from areal_core.timeline import Timeline
 from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class RolloutRunner:
         *,
         episode_retries: int = 0,
         failures: FailureTracker | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.engine = engine
+        self.timeline = timeline
         self.staleness = staleness
         self.ledger = ledger
         self.episode_retries = episode_retries
@@ -80,13 +83,20 @@ class RolloutRunner:
         self._ready: dict[int, _Episode] = {}
         self._stats = RolloutStats()
         self._paused = False
+        self._aborted = 0  # episodes whose generation a pause interrupted (cumulative)
+        self._last_gauge: tuple[int, ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
     def from_config(
-        cls, engine: InferenceEngine, config: Config, version: int = 0, ledger: Ledger | None = None
+        cls,
+        engine: InferenceEngine,
+        config: Config,
+        version: int = 0,
+        ledger: Ledger | None = None,
+        timeline: Timeline | None = None,
     ) -> RolloutRunner:
         rollout, batch_size = config.rollout, config.train_dataset.batch_size
         staleness = StalenessManager.from_config(rollout, batch_size, version)
@@ -94,7 +104,9 @@ class RolloutRunner:
         failures = FailureTracker(
             "episode attempts", "rollout.max_failure_rate", max_rate=rollout.max_failure_rate, window=window
         )
-        return cls(engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures)
+        return cls(
+            engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures, timeline=timeline
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,6 +182,7 @@ class RolloutRunner:
                 task = asyncio.get_running_loop().create_task(self._run_episode(ticket, data, workflow))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            self._gauge()
 
     async def _run_episode(self, ticket: Ticket, data: dict[str, Any], workflow: Workflow) -> None:
         uid = episode_uid(data)
@@ -197,6 +210,7 @@ class RolloutRunner:
                 self._attempts.pop(uid, None)
             setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
             self._record(outcome, uid=episode_uid(data))
+            self._gauge()
             self._cond.notify_all()
         self._pump()
 
@@ -259,6 +273,7 @@ class RolloutRunner:
                 self._record("consumed", uid=episode_uid(ep.data), version=self.staleness.version)
             self.staleness.consume(chosen)
             self._stats.consumed += len(chosen)
+            self._gauge()
             batch = [traj for ep in episodes for traj in ep.trajectories]
             lags = [self.staleness.version - v for traj in batch for v in traj.versions if v >= 0]
             self._stats.batch_max_lag = max(lags, default=0)
@@ -271,12 +286,15 @@ class RolloutRunner:
         """Stop starting episodes and interrupt in-flight generation (before a weight update)."""
         with self._cond:
             self._paused = True
+            self._aborted += len(self._running)
+            self._gauge()
         self.engine.pause()
 
     def resume(self) -> None:
         self.engine.resume()
         with self._cond:
             self._paused = False
+            self._gauge()
         self._schedule_pump()
 
     def set_version(self, version: int) -> None:
@@ -284,6 +302,7 @@ class RolloutRunner:
         self.engine.set_version(version)
         with self._cond:
             self.staleness.set_version(version)
+            self._gauge()
             self._cond.notify_all()
         self._schedule_pump()
 
@@ -305,6 +324,31 @@ class RolloutRunner:
         """Dataset items taken but not yet consumed (queued, running or ready): a checkpoint keeps them."""
         with self._cond:
             return [d for d, _ in self._queue] + list(self._running.values()) + [e.data for e in self._ready.values()]
+
+    def _gauge(self) -> None:
+        """Record the concurrency on the timeline when it changed (call under the lock).
+
+        ``blocked_staleness``: episode slots ``max_concurrent_rollouts`` leaves free that the
+        staleness bound refuses; ``blocked_concurrency``: the reverse; ``aborted``: episodes whose
+        generation a pause interrupted, cumulative."""
+        if self.timeline is None or not self.timeline.enabled:
+            return
+        s = self.staleness
+        running = s.running
+        free_concurrency = s.max_concurrent - running
+        free_window = s.window() - s.ready - running
+        gauge = (
+            running,
+            s.ready,
+            s.accepted,
+            max(0, free_concurrency - max(free_window, 0)),
+            max(0, free_window - max(free_concurrency, 0)),
+            int(self._paused),
+            self._aborted,
+        )
+        if gauge != self._last_gauge:
+            self._last_gauge = gauge
+            self.timeline.rollout(gauge)
 
     def _record(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:

@@ -11,6 +11,7 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
+from areal_core.api.errors import ArealError
 from areal_core.api.platform import Platform
 from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler
 from areal_core.api.devices import physical_devices
@@ -105,7 +106,14 @@ class LocalScheduler(Scheduler):
 
     def start(self, spec: ProcessSpec) -> LocalProcess:
         var = self.platform.visible_devices_env
-        devices = physical_devices(spec.devices, os.environ.get(var), var) if var else spec.devices
+        devices: Sequence[int | str] = spec.devices
+        if var and spec.devices:
+            visible = os.environ.get(var)
+            count = None if visible else _device_count(self.platform)
+            try:
+                devices = physical_devices(spec.devices, visible, var, count)
+            except ArealError as exc:
+                raise ArealError(f"cannot start {spec.name}: {exc}") from None
         popen = spawn(spec, os.environ, var, devices)
         handle = LocalProcess(spec.name, popen, spec.log_file)
         self.processes.append(handle)
@@ -126,3 +134,11 @@ class LocalScheduler(Scheduler):
             except subprocess.TimeoutExpired:
                 _signal_group(proc.pid, signal.SIGKILL)
                 proc.popen.wait()
+
+
+def _device_count(platform: Platform) -> int | None:
+    """How many devices this process sees, or None where the platform cannot say (not activated)."""
+    try:
+        return platform.device_count()
+    except (ArealError, RuntimeError, NotImplementedError):
+        return None

@@ -1,7 +1,8 @@
 """Resumable training checkpoints with torch.distributed.checkpoint (DCP).
 
 Model and optimizer are saved sharded by DCP (each rank writes its shards, so resuming at another
-world size works); the LR schedule, the step and every rank's RNG state go to a small
+world size works); frozen parameters (a LoRA policy's base weights) are not saved, they come
+from the model directory again. The LR schedule, the step and every rank's RNG state go to a small
 ``extra_rank{r}.pt`` per rank.
 """
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
 def _rng_state(device_type: str) -> dict:
@@ -33,6 +35,14 @@ def _set_rng_state(state: dict, device_type: str) -> None:
         torch.get_device_module(device_type).set_rng_state(state["device"])
 
 
+def _options(model: torch.nn.Module) -> StateDictOptions:
+    """Leave frozen parameters out; DCP's load still fails on any trainable one it lacks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def save_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -49,7 +59,7 @@ def save_checkpoint(
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(model))
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     extra = {"scheduler": scheduler.state_dict(), "step": step, "rng": _rng_state(device_type)}
     torch.save(extra, path / f"extra_rank{dist.get_rank()}.pt")
@@ -75,10 +85,11 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"{path} is not a DCP checkpoint (no .metadata); pass a directory written by save_checkpoint"
         )
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _options(model)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     if not extra_file.is_file():  # saved at a smaller world size: take rank 0's schedule and step
         extra_file = path / "extra_rank0.pt"
     extra = torch.load(extra_file, weights_only=False)

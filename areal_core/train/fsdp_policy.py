@@ -1,7 +1,8 @@
 """FSDP2 policy: the trained model of one training process (rank), sharded with FSDP2.
 
 The policy is a Hugging Face causal LM sharded with ``fully_shard`` (one unit per decoder layer,
-one root). Every public method is collective: all ranks call it with the same arguments, each rank
+one root); with ``actor.lora`` it carries peft LoRA adapters and only they train
+(:mod:`areal_core.train.lora`). Every public method is collective: all ranks call it with the same arguments, each rank
 works on a token-balanced share, and results are combined with ``torch.distributed``.
 """
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from areal_core.api.algorithm import Algorithm, LossInput
+from areal_core.train import lora
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 #: Two tokens: enough for the head to take part, so a padding micro-batch touches every parameter.
 _DUMMY_SEQUENCE = [0, 0]
+MINIBATCH_S = "minibatch_s/"  # stats key prefix: one optimizer step's seconds, per minibatch
 
 
 class _PolicyRoot(nn.Module):
@@ -140,7 +143,10 @@ def token_balanced_shares(lengths: Sequence[int], n_ranks: int) -> list[list[int
 
 
 class FSDPPolicy:
-    """The policy (+ frozen reference), AdamW and the PPO update on one rank."""
+    """The policy (+ frozen reference), AdamW and the PPO update on one rank.
+
+    With LoRA the reference policy is the same model with its adapter disabled (no second copy),
+    and weights out (sync, ``save_hf``) are the adapter's alone."""
 
     def __init__(self, config: Config, platform: Platform, model_path: str, algorithm: Algorithm) -> None:
         self.config = config
@@ -171,11 +177,18 @@ class FSDPPolicy:
         self.mesh = init_device_mesh(self.platform.device_type, (dist.get_world_size(),))
         torch.manual_seed(self.config.seed)
         self.model = self._build_model(trainable=True)
-        if self.algorithm.needs_ref:
+        if self.algorithm.needs_ref and not self.uses_lora:
             self.ref_model = self._build_model(trainable=False)
         actor = self.config.actor
         total_steps = self.config.total_train_steps * actor.ppo_n_minibatches
-        self.optimizer, self.scheduler = build_optimizer(list(self.model.parameters()), actor.optimizer, total_steps)
+        self.optimizer, self.scheduler = build_optimizer(self._trainable(), actor.optimizer, total_steps)
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.config.actor.lora is not None
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _build_model(self, trainable: bool) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -186,6 +199,8 @@ class FSDPPolicy:
             _enable_activation_checkpointing(lm)
         lm.train(trainable)
         lm.requires_grad_(trainable)
+        if trainable and self.config.actor.lora is not None:
+            lm = lora.apply_lora(lm, self.config.actor.lora, self.model_path)
         compute = getattr(torch, self.config.model.dtype)
         # fp32 master weights and gradient reduction; compute in model.dtype
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
@@ -272,7 +287,8 @@ class FSDPPolicy:
         ``recompute_prox``: the proximal log-probs are the current policy's, taken here. With one
         minibatch no update happens before its forward, so that forward's (detached) log-probs
         are them and no extra pass runs; with more, one :meth:`compute_logprobs` pass runs first.
-        The ``time/*`` entries say where the step went (seconds, this rank).
+        The ``time/*`` entries say where the step went (seconds, this rank); ``minibatch_s/<i>``
+        is minibatch ``i``'s.
         """
         if len(advantages) != len(trajs):
             raise ValueError(f"got {len(advantages)} advantages for {len(trajs)} trajectories; pass one per trajectory")
@@ -289,9 +305,11 @@ class FSDPPolicy:
             prox_s = time.perf_counter() - start
         lengths = [len(t.input_ids) for t in trajs]
         stats = _StepStats()
-        steps = [
-            self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats, fused) for mb in minibatches
-        ]
+        steps, minibatch_s = [], []
+        for mb in minibatches:
+            mb_start = time.perf_counter()
+            steps.append(self._minibatch_step(trajs, advantages, prox_logprobs, lengths, mb, stats, fused))
+            minibatch_s.append(time.perf_counter() - mb_start)
         self.step += 1
         gathered: list[_StepStats | None] = [None] * self.world_size
         dist.all_gather_object(gathered, stats)
@@ -308,6 +326,7 @@ class FSDPPolicy:
         out["time/prox_logp_s"] = prox_s
         out["time/optimizer_s"] = sum(t for _, _, t in steps)
         out["time/train_fwd_bwd_s"] = elapsed - prox_s - out["time/optimizer_s"]
+        out.update({f"{MINIBATCH_S}{i}": t for i, t in enumerate(minibatch_s)})  # for the run's timeline
         return out
 
     def _minibatch_step(
@@ -342,7 +361,7 @@ class FSDPPolicy:
                 loss = self._padding_loss()
             loss.backward()
         opt_start = time.perf_counter()
-        params = list(self.model.parameters())
+        params = self._trainable()
         grad_norm = clip_grad_norm(params, self.config.actor.optimizer.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):  # the same on every rank: all skip a non-finite update
@@ -370,10 +389,7 @@ class FSDPPolicy:
         old = pack_per_token([t.logprobs for t in trajs], batch, torch.float32).to(dev)
         prox = pack_per_token(prox_logprobs, batch, torch.float32).to(dev) if prox_logprobs is not None else None
         adv = torch.tensor([advantages[i] for i in batch.indices], dtype=torch.float32)[batch.seq_ids].to(dev)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref, _ = self._logprobs(self.ref_model, batch, with_entropy=False)
+        ref = self._ref_logprobs(batch)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=True)
         if fused_prox:
             prox = logprobs.detach().clone()
@@ -406,22 +422,37 @@ class FSDPPolicy:
     def _padding_loss(self) -> torch.Tensor:
         """A zero loss over a dummy sequence (and a matching reference forward)."""
         batch = pack([_DUMMY_SEQUENCE], [0])
-        if self.ref_model is not None:
-            with torch.no_grad():
-                self._logprobs(self.ref_model, batch, with_entropy=False)
+        self._ref_logprobs(batch)
         logprobs, _ = self._logprobs(self.model, batch, with_entropy=False)
         return logprobs.sum() * 0.0
 
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: PackedBatch) -> torch.Tensor | None:
+        """The reference policy's log-probs (None without one): the frozen copy, or with LoRA
+        the policy with its adapter disabled."""
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, batch, with_entropy=False)[0]
+        if self.uses_lora and self.algorithm.needs_ref:
+            with lora.adapter_disabled(self.model.lm):
+                return self._logprobs(self.model, batch, with_entropy=False)[0]
+        return None
+
     # ------------------------------------------------------------------ weights out
+    def _weights_out(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of what leaves the trainer: every saved parameter/buffer by HF name, or
+        with LoRA the adapter's tensors by peft's saved names."""
+        lm = self.model.lm
+        if self.uses_lora:
+            return lora.adapter_parameters(lm)
+        saved = lm.state_dict().keys()
+        return [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
+
     def iter_full_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective: yield (HF name, full tensor) for every saved parameter/buffer, one
+        """Collective: yield (name, full tensor) for every tensor of :meth:`_weights_out`, one
         ``DTensor.full_tensor()`` all-gather at a time; tied weights appear once."""
         from torch.distributed.tensor import DTensor
 
-        lm = self.model.lm
-        saved = lm.state_dict().keys()
-        named = [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
-        for name, value in named:  # named_parameters() lists a tied weight once
+        for name, value in self._weights_out():  # named_parameters() lists a tied weight once
             if isinstance(value, DTensor):  # one rank holds it all: no gather, no copy
                 full = value.to_local() if value.device_mesh.size() == 1 else value.full_tensor()
             else:
@@ -432,10 +463,7 @@ class FSDPPolicy:
         """(name, dtype, shape) of each tensor ``iter_full_tensors(model dtype)`` yields, in order,
         without gathering anything."""
         dtype = str(getattr(torch, self.config.model.dtype)).removeprefix("torch.")
-        lm = self.model.lm
-        saved = lm.state_dict().keys()
-        named = [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
-        return [(name, dtype, tuple(value.shape)) for name, value in named]
+        return [(name, dtype, tuple(value.shape)) for name, value in self._weights_out()]
 
     def open_weight_channel(self, spec: ChannelSpec) -> str | None:
         """Collective: open the engine's weight channel ``spec`` on this rank (rank 0 joins the
@@ -475,12 +503,16 @@ class FSDPPolicy:
             channel.leave()
 
     def save_hf(self, path: str | os.PathLike) -> None:
-        """Collective; rank 0 writes safetensors + config + tokenizer files into ``path``."""
+        """Collective; rank 0 writes safetensors + config + tokenizer files into ``path`` (with
+        LoRA: the peft adapter directory, naming the base model, + tokenizer files)."""
         from safetensors.torch import save_file
 
         dtype = getattr(torch, self.config.model.dtype)
         tensors = {name: t.cpu().contiguous() for name, t in self.iter_full_tensors(dtype) if self.rank == 0}
-        if self.rank == 0:
+        if self.rank == 0 and self.uses_lora:
+            lora.write_adapter(Path(path), tensors, self.model.lm)
+            _copy_tokenizer_files(Path(self.model_path), Path(path))
+        elif self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from areal_core.api import from_dict
+from areal_core.config import from_dict, to_dict
 from areal_core.api.engine import GenerationRequest
 from areal_core.api.http_engine import HTTPServerEngine, Segment
-from areal_core.api.http_json import post_json
 from areal_core.api.errors import ArealError
 from areal_core.api.wire import (
     TOKEN_ENV,
@@ -32,7 +31,6 @@ from areal_core.api.wire import (
     to_json,
 )
 from areal_core.api.scheduler import ProcessSpec
-from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:
     from areal_core.api.weight_channel import ChannelSpec
@@ -53,6 +51,9 @@ class HFEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/abort_all"
     resume_route = "/continue"
+    commit_route = "/commit_weights"
+    rollback_route = "/rollback_weights"
+    channel_takes_adapter = True  # a server started with --lora stages and commits adapter tensors
 
     @classmethod
     def check_engine_args(cls, engine_args: dict[str, Any]) -> None:
@@ -70,6 +71,8 @@ class HFEngine(HTTPServerEngine):
         ]  # fmt: skip
         for key, value in self.config.rollout.engine_args.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
+        if self.config.actor.lora is not None:  # updates then carry the adapter alone
+            cmd += ["--lora", json.dumps(to_dict(self.config.actor.lora))]
         return ProcessSpec(
             name=f"hf_server{index}",
             cmd=cmd,
@@ -122,26 +125,9 @@ class HFEngine(HTTPServerEngine):
         return self._channel_spec("areal_core.builtin.engine_hf.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name)
 
     def commit_weights(self, version: int) -> None:
-        """Phase two of a collective update (every member staged it): all commit, and ``version``
-        serves only if every member did, with equal digests of what it received. Otherwise the
-        members that committed roll back (one that cannot is removed from the fleet, and replaced
-        with ``rollout.restart_failed``) and :class:`WeightUpdateError` says what happened."""
-        body = to_json(VersionBody(version=version))
-        outcomes = self._post_each("/commit_weights", [body] * len(self.members()))
-        failed = {address: str(reply) for address, reply in outcomes if isinstance(reply, ArealError)}
-        committed = [(address, reply) for address, reply in outcomes if not isinstance(reply, ArealError)]
-        if not failed and len({reply["digest"] for _, reply in committed}) <= 1:
-            return
-        reason = "; ".join(failed.values()) or "the members received different bytes (digests differ)"
-        for address, _ in committed:
-            try:
-                post_json(address, "/rollback_weights", {}, self._headers(), self.config.rollout.request_timeout, "hf server")
-            except ArealError as exc:
-                self.remove_server(address, f"could not roll back version {version}: {exc}")
-        for address in failed:
-            if self.server_lost(address):
-                self.remove_server(address, f"lost during the commit of version {version}")
-        raise WeightUpdateError(f"commit of version {version} aborted, every server serves its previous weights: {reason}")
+        """Phase two of a collective update: :meth:`commit_staged` (``/commit_weights``, undone by
+        ``/rollback_weights``)."""
+        self.commit_staged(version)
 
     def weights_digest(self) -> list[dict[str, str]]:
         """Per server: parameter name -> sha256 of its dtype, shape and bytes (see ``receiver.tensor_digest``)."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody
+from areal_core.train.lora import adapter_parameters, has_adapter
 from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,10 @@ def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _targets(model: Any) -> dict[str, torch.Tensor]:
-    """Every parameter (tied ones under each of their names) and buffer, by name."""
+    """Every parameter (tied ones under each of their names) and buffer, by name; of a LoRA
+    (peft) model, the adapter's tensors alone, by the names peft saves them under."""
+    if has_adapter(model):
+        return dict(adapter_parameters(model))
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(model.named_buffers())
     return targets
@@ -53,14 +57,14 @@ def check_names_and_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> No
 def copy_into_model(model: Any, tensors: dict[str, torch.Tensor], *, complete: bool) -> None:
     """Copy named tensors into the model's parameters (and buffers), casting dtypes.
 
-    ``complete`` requires every parameter to be present (a full checkpoint); names that are
+    ``complete`` requires every parameter (of a peft model: adapter tensor) to be present; names that are
     not the model's are an error either way. Tied parameters need to appear under one name.
     """
     check_names_and_shapes(model, {name: tuple(t.shape) for name, t in tensors.items()})
     targets = _targets(model)
     if complete:
         loaded = {id(targets[name]) for name in tensors}
-        missing = [name for name, p in model.named_parameters() if id(p) not in loaded]
+        missing = [name for name, p in targets.items() if isinstance(p, torch.nn.Parameter) and id(p) not in loaded]
         if missing:
             raise ValueError(f"{len(missing)} parameter(s) missing from the checkpoint, e.g. {missing[:3]}")
     with torch.no_grad():

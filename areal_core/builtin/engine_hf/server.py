@@ -206,11 +206,16 @@ class _Routes:
             group.close()
 
 
-def load_served_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
-    """The model in eval mode, its end-of-sequence ids and a pad id."""
+def load_served_model(path: str, dtype: str, lora: str = "") -> tuple[Any, frozenset[int], int]:
+    """The model in eval mode, its end-of-sequence ids and a pad id. ``lora`` (an ``actor.lora``
+    section as JSON) adds a fresh peft adapter (zero update): weight updates then carry the
+    adapter's tensors alone (:func:`areal_core.builtin.engine_hf.receiver.copy_into_model`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    if lora:
+        model = _with_adapter(model, lora)
+    model.eval()
     eos: set[int] = set()
     for source in (model.config, model.generation_config):
         value = getattr(source, "eos_token_id", None)
@@ -220,9 +225,22 @@ def load_served_model(path: str, dtype: str) -> tuple[Any, frozenset[int], int]:
     return model, frozenset(eos), pad
 
 
+def _with_adapter(model: Any, lora_json: str) -> Any:
+    """``model`` with peft's LoRA layers injected in place (generation calls it as before)."""
+    import json
+
+    import peft
+
+    from areal_core.config import LoraConfig, from_dict
+    from areal_core.train.lora import peft_config
+
+    config = from_dict(json.loads(lora_json), LoraConfig, "--lora")
+    return peft.get_peft_model(model, peft_config(config)).get_base_model()
+
+
 def build_app(args: argparse.Namespace, token: str) -> web.Application:
     torch.set_num_threads(int(os.environ.get("AREAL_NUM_THREADS", "1")))
-    model, eos, pad = load_served_model(args.model, args.dtype)
+    model, eos, pad = load_served_model(args.model, args.dtype, args.lora)
     generator = Generator(model, eos_ids=eos, pad_id=pad, max_batch_size=args.max_batch_size, seed=args.seed)
     app = web.Application(middlewares=[_auth_middleware(token)], client_max_size=1 << 26)
     _Routes(generator, Path(args.allowed_root), args.group_timeout).add_to(app)
@@ -250,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--group-timeout", type=float, default=300.0, help="seconds for weight-group collectives")
+    parser.add_argument("--lora", default="", help="serve a LoRA adapter: the actor.lora section as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     token = os.environ.get(TOKEN_ENV, "")

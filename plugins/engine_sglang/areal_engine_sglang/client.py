@@ -6,6 +6,9 @@ ends every running and queued request with its partial output and holds new ones
 ``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
 output with the rest of the budget, so one response may carry tokens of two weight versions.
 
+With ``actor.lora`` a disk update is a LoRA adapter: ``/load_lora_adapter`` under a name per
+version, requests name it (``lora_path``), the previous one is unloaded (``/unload_lora_adapter``).
+
 Weight versions are SGLang's own: servers start with ``--weight-version 0``, updates pass
 ``weight_version``, ``set_version`` calls ``/update_weight_version``, and each reply's
 ``meta_info.weight_versions`` spans tag its tokens.
@@ -22,6 +25,7 @@ the next successful update.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +39,8 @@ from areal_engine_sglang.launch import require_sglang, server_command, server_en
 from areal_engine_sglang.protocol import (
     DiskUpdateBody,
     GenerateBody,
+    LoraLoadBody,
+    LoraUnloadBody,
     PauseBody,
     WeightVersionBody,
     parse_generate,
@@ -42,7 +48,11 @@ from areal_engine_sglang.protocol import (
     to_json,
 )
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.api.platform import Platform
     from areal_core.api.scheduler import Scheduler
     from areal_core.api.weight_channel import ChannelSpec
 
@@ -59,6 +69,10 @@ class SGLangEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/pause_generation"
     resume_route = "/continue_generation"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -98,6 +112,7 @@ class SGLangEngine(HTTPServerEngine):
             rid=f"{request.request_id}-{attempt}",  # SGLang keys in-flight state by rid
             input_ids=request.input_ids + generated,
             sampling_params=sampling_params(request.sampling, len(generated)),
+            lora_path=self.adapter,
         )
         async with session.post(f"http://{address}/generate", json=to_json(body)) as resp:
             data = await resp.json(content_type=None)
@@ -113,9 +128,25 @@ class SGLangEngine(HTTPServerEngine):
         self._broadcast(self.pause_route, to_json(PauseBody(mode="abort")))
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
+        if self.config.actor.lora is not None:
+            self._load_adapter(path, version)
+            return
         self._broadcast(
             "/update_weights_from_disk", to_json(DiskUpdateBody(model_path=str(path), weight_version=str(version)))
         )
+
+    def _load_adapter(self, path: str, version: int) -> None:
+        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one
+        where it is loaded."""
+        name = f"areal-lora-v{version}"
+        self._broadcast("/load_lora_adapter", to_json(LoraLoadBody(lora_name=name, lora_path=str(path))))
+        previous, self.adapter = self.adapter, name
+        self.set_version(version)
+        if previous not in (None, name):  # a server that joined since never had it: nothing to unload there
+            bodies = [to_json(LoraUnloadBody(lora_name=previous))] * len(self.members())
+            for address, outcome in self._post_each("/unload_lora_adapter", bodies):
+                if isinstance(outcome, ArealError):
+                    logger.info("%s: adapter %s not unloaded: %s", address, previous, outcome)
 
     def set_version(self, version: int) -> None:
         self._broadcast("/update_weight_version", to_json(WeightVersionBody(new_version=str(version))))

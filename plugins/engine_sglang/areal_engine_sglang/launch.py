@@ -4,7 +4,8 @@
 bearer token on every route but ``/health``, ``/ready`` and ``/metrics``) and ``--weight-version 0``
 (replies carry integer versions). ``rollout.engine_args`` adds or overrides any SGLang flag:
 ``{"mem_fraction_static": 0.5}`` -> ``--mem-fraction-static 0.5``; ``true`` -> a bare flag;
-``false`` -> dropped.
+``false`` -> dropped. With ``actor.lora``: ``--enable-lora``, ``--max-lora-rank`` and
+``--lora-target-modules`` (adapters are then loaded at run time, ``/load_lora_adapter``).
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def server_command(config: Config, port: int, seed: int, token: str) -> list[str
         "weight-version": "0",
         "tp-size": config.rollout.devices_per_server,
     }
+    lora = config.actor.lora
+    if lora is not None:
+        flags.update({"enable-lora": True, "max-lora-rank": lora.rank})
     # the client's bearer token, whatever engine_args say
-    return ["-m", SERVER_MODULE, *command_line_flags(flags, {**config.rollout.engine_args, "api-key": token})]
+    cmd = ["-m", SERVER_MODULE, *command_line_flags(flags, {**config.rollout.engine_args, "api-key": token})]
+    return cmd if lora is None else [*cmd, "--lora-target-modules", *lora.target_modules]  # nargs="*"
 
 
 def server_env(platform: Platform) -> dict[str, str]:

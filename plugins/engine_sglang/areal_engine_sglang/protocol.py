@@ -9,7 +9,9 @@ Written from the sources of the ``sglang==0.5.23`` wheel (read for the protocol,
 - ``sglang/api/v1/api_types.py`` (the ``/generate`` contract): ``SamplingParams`` (unknown keys are
   rejected), ``GenerateResponse``, ``GenerateMetaInfo`` (``finish_reason``, ``output_token_logprobs``
   as ``[logprob, token_id, text]`` rows, ``weight_version``, ``weight_versions`` spans);
-- ``sglang/srt/entrypoints/http_server.py``: the routes and their status codes.
+- ``sglang/srt/entrypoints/http_server.py``: the routes and their status codes;
+- ``LoadLoRAAdapterReqInput``, ``UnloadLoRAAdapterReqInput``, ``LoRAUpdateOutput`` (io_struct.py) and
+  ``GenerateReqInput.lora_path`` (the name of a loaded adapter) for LoRA.
 
 A body holds only the fields this client sets; SGLang fills the others with its defaults.
 """
@@ -45,6 +47,7 @@ class GenerateBody:
     sampling_params: dict[str, Any]
     return_logprob: bool = True
     stream: bool = False
+    lora_path: str | None = None  # SGLang's name for the adapter to use: a loaded adapter's lora_name
 
 
 @attrs.frozen(kw_only=True)
@@ -62,6 +65,21 @@ class DiskUpdateBody:
     weight_version: str
     abort_all_requests: bool = False
     flush_cache: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class LoraLoadBody:
+    """``POST /load_lora_adapter`` (``LoadLoRAAdapterReqInput``): a peft adapter directory, by name."""
+
+    lora_name: str
+    lora_path: str
+
+
+@attrs.frozen(kw_only=True)
+class LoraUnloadBody:
+    """``POST /unload_lora_adapter`` (``UnloadLoRAAdapterReqInput``)."""
+
+    lora_name: str
 
 
 @attrs.frozen(kw_only=True)

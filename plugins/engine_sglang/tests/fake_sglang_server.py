@@ -10,7 +10,10 @@ error bodies and ``--api-key`` bearer auth, written from the ``sglang==0.5.23`` 
 ``Begin/EndWeightUpdateReqInput``, ``UpdateWeightVersionReqInput``), ``sglang/api/v1/api_types.py`` (the
 ``/generate`` contract: ``SamplingParams`` keys, ``GenerateMetaInfo``), ``sglang/srt/sampling/sampling_params.py``
 (``verify`` messages), ``sglang/srt/managers/scheduler_components/weight_updater.py`` (update sessions,
-flush after update) and ``sglang/srt/utils/weight_versions.py`` (per-token version spans).
+flush after update), ``sglang/srt/utils/weight_versions.py`` (per-token version spans), and for LoRA
+``LoadLoRAAdapterReqInput``/``UnloadLoRAAdapterReqInput``/``LoRAUpdateOutput`` (io_struct.py),
+``sglang/srt/managers/tokenizer_control_mixin.py``, ``sglang/srt/lora/lora_registry.py`` and
+``sglang/srt/lora/lora_manager.py`` (their checks and messages).
 
 Generation is transformers through ``areal_core.builtin.engine_hf``'s batched :class:`Generator` (real
 log-probs, abort); disk reloads use its receiver helpers. The weight group is SGLang's own
@@ -19,7 +22,8 @@ handshake and ``flattened_bucket`` split (:mod:`sglang_weight_group`: SGLang's c
 differs from SGLang: one prompt per ``/generate`` (no batches, no streaming, no top-k other than
 greedy), ``/pause_generation`` mode ``abort`` only, no radix cache (``/flush_cache`` only checks
 that nothing runs), out-of-vocabulary ``input_ids`` are a 400, and FastAPI's validation texts are
-shortened to the offending field.
+shortened to the offending field. LoRA adapters are peft's (loaded by name, one applied at a time:
+a request naming another adapter than the running requests' is a 400; SGLang batches adapters).
 
 Usage: ``python fake_sglang_server.py --model-path DIR --port N [--api-key KEY] [--weight-version V]``;
 other ``sglang.launch_server`` flags are accepted and ignored.
@@ -68,6 +72,8 @@ GROUP_FIELDS = {
     "group_name": "weight_update_group", "backend": "nccl",
 }  # fmt: skip
 DESTROY_FIELDS = {"group_name": "weight_update_group"}
+LORA_LOAD_FIELDS = {"lora_name": REQUIRED, "lora_path": REQUIRED, "pinned": False, "lora_id": None}
+LORA_UNLOAD_FIELDS = {"lora_name": REQUIRED, "lora_id": None}
 DISTRIBUTED_FIELDS = {
     "names": REQUIRED, "dtypes": REQUIRED, "shapes": REQUIRED, "group_name": "weight_update_group",
     "flush_cache": True, "abort_all_requests": False, "weight_version": None, "load_format": None,
@@ -178,6 +184,7 @@ class FakeSGLangServer:
         self.inflight = 0
         self._cond = asyncio.Condition()
         self._scheduler = asyncio.Lock()  # SGLang's scheduler process runs weight requests one at a time
+        self.lora: _Adapters | None = None  # with --enable-lora
 
     def add_to(self, app: web.Application) -> None:
         for path in ("/health", "/health_generate", "/ready"):
@@ -200,6 +207,8 @@ class FakeSGLangServer:
         ):
             app.router.add_post(path, self._on_scheduler(handler))
         app.router.add_post("/update_weight_version", self.update_weight_version)
+        app.router.add_post("/load_lora_adapter", self._on_scheduler(self.load_lora_adapter))
+        app.router.add_post("/unload_lora_adapter", self._on_scheduler(self.unload_lora_adapter))
 
     def _on_scheduler(self, handler: Handler) -> Handler:
         """``handler`` queued behind any weight request the scheduler is running (e.g. one blocked in a broadcast)."""
@@ -242,8 +251,11 @@ class FakeSGLangServer:
                 "[{'type': 'json_invalid', 'loc': ('body',), 'msg': 'JSON decode error'}]"
             ) from None
         body = self._generate_body(data)
+        adapter = data.get("lora_path") if isinstance(data, dict) else None
         async with self._cond:
             await self._cond.wait_for(lambda: not self.paused and not self.writing)  # is_pause_cond, reader lock
+            if adapter is not None or self.lora is not None:
+                await self._use_adapter(adapter)
             self.inflight += 1
         try:
             if body.max_new_tokens == 0:  # valid in SGLang; the hf generator wants >= 1
@@ -399,6 +411,59 @@ class FakeSGLangServer:
             text="Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)\n"
         )
+
+    async def _use_adapter(self, name: str | None) -> None:
+        """Apply adapter ``name`` (None: the base model) for a request about to run (under ``_cond``)."""
+        lora = self.lora
+        if lora is None:
+            raise _value_error("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if name is not None and name not in lora.paths:
+            raise _value_error(
+                f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {lora.paths.keys()}."
+            )
+        if name != lora.applied:
+            if self.inflight:
+                raise _value_error(f"FakeSGLangServer applies one LoRA adapter at a time; {lora.applied!r} is running")
+            await self.gen.on_model_thread(lora.apply, name)
+
+    # ------------------------------------------------------------------ LoRA
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        fields = await _fields(request, LORA_LOAD_FIELDS)
+        name, path = str(fields["lora_name"]), str(fields["lora_path"])
+        try:
+            lora = self._lora_enabled()
+            if name in lora.paths:
+                raise ValueError(f"LoRA with name {name} already exists. Loaded LoRAs: {lora.paths.keys()}")
+            await self.gen.on_model_thread(lora.load, name, path)
+        except ValueError as exc:
+            return self._lora_reply(False, str(exc))
+        log.info("loaded LoRA adapter %s from %s", name, path)
+        return self._lora_reply(True, None)
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        fields = await _fields(request, LORA_UNLOAD_FIELDS)
+        name = str(fields["lora_name"])
+        try:
+            lora = self._lora_enabled()
+            if name not in lora.paths:
+                raise ValueError(f"LoRA with name {name} does not exist. Loaded LoRAs: {lora.paths.keys()}")
+            async with self._cond:  # SGLang unloads once the requests using it finished
+                await self._cond.wait_for(lambda: lora.applied != name or self.inflight == 0)
+                await self.gen.on_model_thread(lora.unload, name)
+        except ValueError as exc:
+            return self._lora_reply(False, str(exc))
+        return self._lora_reply(True, None)
+
+    def _lora_enabled(self) -> _Adapters:
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        return self.lora
+
+    def _lora_reply(self, success: bool, error: str | None) -> web.Response:
+        """``LoRAUpdateOutput``, 200 on success, else 400."""
+        loaded = dict(self.lora.paths) if self.lora is not None else None
+        body = {"success": success, "error_message": error, "loaded_adapters": loaded}
+        return web.json_response(body, status=200 if success else 400)
 
     # ------------------------------------------------------------------ weights
     @contextlib.asynccontextmanager
@@ -577,6 +642,55 @@ def _receive(
     return weights
 
 
+class _Adapters:
+    """peft adapters on the served model, by name; one applied at a time. Methods run on the model thread."""
+
+    def __init__(self, model: Any, max_rank: int, target_modules: list[str]) -> None:
+        self.model = model
+        self.max_rank = max_rank
+        self.target_modules = set(target_modules)
+        self.peft: Any = None  # the PeftModel around ``model`` once an adapter is loaded
+        self.paths: dict[str, str] = {}
+        self.applied: str | None = None
+
+    def load(self, name: str, path: str) -> None:
+        from peft import PeftConfig, PeftModel
+
+        try:
+            config = PeftConfig.from_pretrained(path)
+        except Exception as exc:  # noqa: BLE001 - SGLang reports a failed load as a ValueError message
+            raise ValueError(f"Failed to load LoRA adapter {name} from {path}: {exc}") from None
+        targets = set(config.target_modules or ())
+        if config.r > self.max_rank or not (targets <= self.target_modules or "all" in self.target_modules):
+            raise ValueError(
+                f"LoRA adapter {name} with rank {config.r} is incompatible with the current LoRA memory pool "
+                "configuration. Please ensure that the LoRA adapter's rank is within the configured "
+                "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`."
+            )
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+        else:
+            self.peft.load_adapter(path, adapter_name=name)
+        self.paths[name] = path
+        self.apply(self.applied)
+
+    def unload(self, name: str) -> None:
+        if self.applied == name:
+            self.apply(None)
+        self.peft.delete_adapter(name)
+        del self.paths[name]
+
+    def apply(self, name: str | None) -> None:
+        if self.peft is None:
+            return
+        if name is None:
+            self.peft.base_model.disable_adapter_layers()
+        else:
+            self.peft.base_model.enable_adapter_layers()
+            self.peft.base_model.set_adapter(name)
+        self.applied = name
+
+
 def build_app(args: argparse.Namespace) -> web.Application:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dtype = args.dtype if args.dtype in ("float32", "bfloat16") else "float32"
@@ -589,6 +703,13 @@ def build_app(args: argparse.Namespace) -> web.Application:
         tokenizer = None
     generator = Generator(model, eos_ids=eos, pad_id=pad, max_batch_size=64, seed=args.random_seed or 0)
     server = FakeSGLangServer(generator, tokenizer, args.model_path, args.weight_version)
+    if args.enable_lora:
+        if args.max_lora_rank is None or not args.lora_target_modules:
+            raise SystemExit(
+                "When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
+                "--lora-target-modules for LoRA initialization."
+            )
+        server.lora = _Adapters(model, args.max_lora_rank, args.lora_target_modules)
     app = web.Application(middlewares=[_auth_middleware(args.api_key)], client_max_size=1 << 26)
     server.add_to(app)
     run_generator_with(app, generator)
@@ -604,6 +725,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--random-seed", type=int, default=None)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-lora-rank", type=int, default=None)
+    parser.add_argument("--lora-target-modules", nargs="*", default=None)
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     log.info(

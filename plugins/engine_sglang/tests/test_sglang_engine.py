@@ -118,17 +118,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         fileroot=str(root), model=ModelConfig(path=str(root / "base")), rollout=RolloutConfig(engine="sglang")
     )
     engine = SGLangEngine(config, CpuPlatform())
-    port = free_port()
-    cmd = [SGLANG_PYTHON, str(FAKE_SGLANG), *server_command(config, port, seed=1, token=engine.token)[2:]]
     with LocalScheduler(CpuPlatform()) as scheduler:
-        scheduler.start(ProcessSpec(name="fake_sglang", cmd=cmd, log_file=str(root / "fake_sglang.log")))
-        address = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while not engine.server_is_up(address):
-            assert time.monotonic() < deadline, (root / "fake_sglang.log").read_text()[-2000:]
-            time.sleep(0.2)
-        engine.attach([address])
+        start_fake(scheduler, engine, root / "fake_sglang.log")
         yield Served(engine, model, root / "base")
+
+
+def start_fake(scheduler: LocalScheduler, engine: SGLangEngine, log_file: Path) -> None:
+    """FakeSGLangServer for ``engine.config``, started through ``scheduler``; ``engine`` attached to it."""
+    port = free_port()
+    cmd = [SGLANG_PYTHON, str(FAKE_SGLANG), *server_command(engine.config, port, seed=1, token=engine.token)[2:]]
+    scheduler.start(ProcessSpec(name="fake_sglang", cmd=cmd, log_file=str(log_file)))
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while not engine.server_is_up(address):
+        assert time.monotonic() < deadline, log_file.read_text()[-2000:]
+        time.sleep(0.2)
+    engine.attach([address])
 
 
 def post(address: str, endpoint: str, body: Any, token: str | None) -> tuple[int, Any]:

@@ -50,8 +50,9 @@ class VLLMWeightChannel(WeightChannel):
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
 
     def send(self, source: TensorSource, version: int) -> None:
-        """The engine's ``send_weights``: when it returns, every server has finished the update
-        (vLLM loads at finish); ``VLLMEngine.commit_weights`` then serves it as ``version``. On a
+        """The engine's ``send_weights``: when it returns, every server has finished vLLM's update
+        session (``areal_gloo`` holds the update staged; vLLM's ``nccl`` loaded it on arrival);
+        ``VLLMEngine.commit_weights`` then serves it as ``version`` on all of them or on none. On a
         failure the channel leaves at once (a server blocked in its receive also blocks its
         engine's resume)."""
         if self.engine is None:

@@ -6,10 +6,15 @@ log-probs out). Control calls use the ``/areal/*`` routes the plugin adds (see
 shared :class:`~areal_core.api.http_engine.PauseGate` holds generation between ``pause()`` and
 ``resume()``, and an aborted request is re-submitted as prompt + partial output with the
 remaining budget, so one response may carry tokens of two weight versions.
+
+With ``actor.lora`` a disk update is a LoRA adapter, loaded through vLLM's own
+``/v1/load_lora_adapter`` under a name per version; requests name the current version's
+adapter (the base model's name before the first), and the previous adapter is unloaded.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +37,11 @@ from areal_engine_vllm.protocol import (
     transfer_backend,
 )
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
+    from areal_core.config import Config
+    from areal_core.api.platform import Platform
     from areal_core.api.weight_channel import ChannelSpec
 
 _LABEL = "vllm server"
@@ -47,6 +56,12 @@ class VLLMEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/areal/pause"
     resume_route = "/areal/resume"
+    commit_route = "/areal/commit_weights"
+    rollback_route = "/areal/rollback_weights"
+
+    def __init__(self, config: Config, platform: Platform) -> None:
+        super().__init__(config, platform)
+        self.served_name = SERVED_NAME  # what requests name: the base model, or the current adapter
 
     @property
     def transfer_backend(self) -> str:
@@ -58,7 +73,7 @@ class VLLMEngine(HTTPServerEngine):
         return ProcessSpec(
             name=f"vllm_server{index}",
             cmd=[sys.executable, *server_command(self.config, port, self.config.seed + index, self.transfer_backend)],
-            env=server_env(self.platform, self.token, run_dir),
+            env=server_env(self.platform, self.token, run_dir, lora=self.config.actor.lora is not None),
             threads=self.config.rollout.threads_per_server,
             log_file=str(run_dir / "logs" / f"vllm_server{index}.log"),
         )
@@ -77,7 +92,7 @@ class VLLMEngine(HTTPServerEngine):
     async def _generate_segment(
         self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
     ) -> Segment:
-        body = _completion_body(request.input_ids + generated, request.sampling, len(generated))
+        body = _completion_body(self.served_name, request.input_ids + generated, request.sampling, len(generated))
         async with session.post(f"http://{address}/v1/completions", json=body) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
@@ -94,7 +109,23 @@ class VLLMEngine(HTTPServerEngine):
 
     # ---------------------------------------------------------------- control (main thread)
     def load_weights_from_disk(self, path: str, version: int) -> None:
+        if self.config.actor.lora is not None:
+            self._load_adapter(path, version)
+            return
         self._broadcast("/areal/update_weights_from_disk", to_json(DiskUpdateBody(path=str(path), version=version)))
+
+    def _load_adapter(self, path: str, version: int) -> None:
+        """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one
+        where it is loaded."""
+        name = f"{SERVED_NAME}-lora-v{version}"
+        self._broadcast("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        previous, self.served_name = self.served_name, name
+        self.set_version(version)
+        if previous not in (SERVED_NAME, name):  # a server that joined since never had it: nothing to unload there
+            bodies = [{"lora_name": previous}] * len(self.members())
+            for address, outcome in self._post_each("/v1/unload_lora_adapter", bodies):
+                if isinstance(outcome, ArealError):
+                    logger.info("%s: adapter %s not unloaded: %s", address, previous, outcome)
 
     def set_version(self, version: int) -> None:
         self._broadcast("/areal/set_version", to_json(VersionBody(version=version)))
@@ -107,14 +138,20 @@ class VLLMEngine(HTTPServerEngine):
         )
 
     def commit_weights(self, version: int) -> None:
-        """Serve the weights ``send`` finished loading as ``version`` (vLLM loads them at finish)."""
-        self.set_version(version)
+        """Phase two of a collective update: :meth:`commit_staged` (``/areal/commit_weights``, undone
+        by ``/areal/rollback_weights``). With vLLM's ``nccl``, which loads on arrival, a commit only
+        sets the version and a rollback is refused (the server is then replaced)."""
+        self.commit_staged(version)
+
+    def weights_digest(self) -> list[dict[str, str]]:
+        """Per server: ``"worker:parameter"`` -> sha256 of what it serves (vLLM's layout)."""
+        return [reply["digest"] for reply in self._broadcast("/areal/weights_digest", {})]
 
 
-def _completion_body(prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
-    """A ``/v1/completions`` request continuing after ``generated`` tokens of ``params``' budget."""
+def _completion_body(model: str, prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
+    """A ``/v1/completions`` request to ``model`` continuing after ``generated`` tokens of ``params``' budget."""
     body: dict[str, Any] = {
-        "model": SERVED_NAME,
+        "model": model,
         "prompt": prompt,
         "max_tokens": params.max_new_tokens - generated,
         "temperature": 0.0 if params.greedy else params.temperature,

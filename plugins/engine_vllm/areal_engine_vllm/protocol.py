@@ -18,6 +18,8 @@ __all__ = ["VersionBody", "from_json", "to_json"]
 TOKEN_ENV = "AREAL_VLLM_TOKEN"
 #: Disk updates may only load directories under this root (unset: any directory).
 ALLOWED_ROOT_ENV = "AREAL_VLLM_ALLOWED_ROOT"
+#: Test hook: a server whose environment sets this to versions ("12,42") fails their commit or disk load.
+FAIL_COMMIT_ENV = "AREAL_VLLM_FAIL_COMMIT"
 #: Name of the entry points in ``vllm.general_plugins``/``vllm.endpoint_plugins`` (for ``VLLM_PLUGINS``).
 VLLM_PLUGIN_NAME = "areal"
 #: ``--worker-extension-cls`` that adds the disk reload (with the tied-embedding refresh) to workers.

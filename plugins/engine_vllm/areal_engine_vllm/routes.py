@@ -8,13 +8,20 @@ names ``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
 | POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
 | POST /areal/resume | ``resume_generation()`` |
 | POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
-| POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``) |
+| POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``), after ending an update a dead trainer abandoned |
 | POST /areal/start_weight_update | ``start_weight_update()`` |
 | POST /areal/update_weights | ``update_weights`` (body ``{"update_info": ...}``) |
 | POST /areal/finish_weight_update | ``finish_weight_update(weight_version)``, then the prefix cache is reset |
-| POST /areal/shutdown_weight_transfer_engine | ``shutdown_weight_transfer_engine()`` |
+| POST /areal/commit_weights | ``collective_rpc("areal_commit_staged")``: phase two, serve the staged update as ``version``; replies its digest |
+| POST /areal/rollback_weights | ``collective_rpc("areal_rollback")``: serve again what the last commit replaced, under its version |
+| POST /areal/weights_digest | ``collective_rpc("areal_weights_digest")``: sha256 of every served parameter |
+| POST /areal/shutdown_weight_transfer_engine | ``shutdown_weight_transfer_engine()``, after ending an abandoned update |
 | POST /areal/set_version | ``update_weight_version`` |
 | GET /areal/state | the served version and whether generation is paused |
+
+With ``areal_gloo`` (CPU) ``finish_weight_update`` only seals what was staged: the served weights
+change at ``/areal/commit_weights``, which the controller calls on every server once all staged
+(a two-phase commit, :meth:`areal_core.api.http_engine.HTTPServerEngine.commit_staged`).
 
 The five weight-transfer routes are vLLM's own RL routes (same names and bodies) behind the
 token: vLLM serves those only with ``VLLM_SERVER_DEV_MODE=1``, unauthenticated and next to
@@ -40,6 +47,7 @@ from starlette.datastructures import State
 
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
+    FAIL_COMMIT_ENV,
     TOKEN_ENV,
     VERSION_HEADER,
     VLLM_PLUGIN_NAME,
@@ -60,6 +68,7 @@ class _Weights:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.version = 0
+        self.previous = 0  # served before the last commit (for a rollback)
 
     async def set_version(self, version: int) -> None:
         await self.engine.update_weight_version(str(version))
@@ -93,6 +102,9 @@ class ArealRoutes:
             "/areal/update_weights": self.update_weights,
             "/areal/finish_weight_update": self.finish_weight_update,
             "/areal/shutdown_weight_transfer_engine": self.shutdown_weight_transfer_engine,
+            "/areal/commit_weights": self.commit_weights,
+            "/areal/rollback_weights": self.rollback_weights,
+            "/areal/weights_digest": self.weights_digest,
             "/areal/set_version": self.set_version,
         }
         for path, handler in routes.items():
@@ -146,6 +158,7 @@ class ArealRoutes:
     async def update_from_disk(self, request: Request) -> dict[str, Any]:
         body = from_json(DiskUpdateBody, await _json(request))
         directory = _check_load_path(body.path)
+        _fail_on_purpose(body.version, "disk load")
         weights = self._weights()
         await weights.engine.collective_rpc("areal_reload_from_dir", kwargs={"path": str(directory)})
         await weights.reset_caches()
@@ -157,6 +170,7 @@ class ArealRoutes:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         init_info = _field(await _json(request), "init_info", dict)
+        await self._end_abandoned_update()
         await self._weights().engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
         return {"message": "Weight transfer initialized"}
 
@@ -183,7 +197,34 @@ class ArealRoutes:
         log.info("areal: weight update finished%s", "" if version is None else f" as version {version}")
         return {"message": "Weight update finished"}
 
+    async def commit_weights(self, request: Request) -> dict[str, Any]:
+        body = from_json(VersionBody, await _json(request))
+        _fail_on_purpose(body.version, "commit")
+        weights = self._weights()
+        digests = await weights.engine.collective_rpc("areal_commit_staged")
+        await weights.reset_caches()
+        weights.previous = weights.version
+        await weights.set_version(body.version)
+        log.info("areal: committed the staged update as version %d", body.version)
+        digest = None if None in digests else ",".join(digests)  # None: the backend loaded on arrival
+        return {"version": body.version, "digest": digest}
+
+    async def rollback_weights(self, request: Request) -> dict[str, Any]:
+        weights = self._weights()
+        await weights.engine.collective_rpc("areal_rollback")
+        await weights.reset_caches()
+        await weights.set_version(weights.previous)
+        log.info("areal: rolled back to version %d", weights.version)
+        return {"version": weights.version}
+
+    async def weights_digest(self, request: Request) -> dict[str, Any]:
+        weights = self._weights()
+        per_worker = await weights.engine.collective_rpc("areal_weights_digest")
+        digest = {f"{rank}:{name}": value for rank, names in enumerate(per_worker) for name, value in names.items()}
+        return {"version": weights.version, "digest": digest}
+
     async def shutdown_weight_transfer_engine(self, request: Request) -> dict[str, Any]:
+        await self._end_abandoned_update()
         await self._weights().engine.shutdown_weight_transfer_engine()
         return {"message": "Weight transfer shut down"}
 
@@ -191,6 +232,11 @@ class ArealRoutes:
         body = from_json(VersionBody, await _json(request))
         await self._weights().set_version(body.version)
         return {"version": body.version}
+
+    async def _end_abandoned_update(self) -> None:
+        """A new trainer joins, or the trainer leaves: an update session still open was abandoned."""
+        if any(await self._weights().engine.collective_rpc("areal_abandon_update")):
+            log.warning("areal: ended a weight update its trainer abandoned (nothing of it is served)")
 
     def _weights(self) -> _Weights:
         assert self.weights is not None  # checked by _guarded
@@ -213,6 +259,12 @@ def _field(body: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(value, kind):
         raise ValueError(f'expects a JSON body {{"{key}": ...}} (got {str(body)[:200]})')
     return value
+
+
+def _fail_on_purpose(version: int, what: str) -> None:
+    """The test hook: fail ``version``'s ``what`` when ``AREAL_VLLM_FAIL_COMMIT`` lists it."""
+    if str(version) in os.environ.get(FAIL_COMMIT_ENV, "").split(","):
+        raise RuntimeError(f"{FAIL_COMMIT_ENV} lists {version}: this {what} fails on purpose (test hook)")
 
 
 def _check_load_path(path: str) -> Path:

