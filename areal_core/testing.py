@@ -186,7 +186,7 @@ def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float =
     import torch
     from peft import get_peft_model
 
-    from areal_core.train.lora import peft_config
+    from areal_core.api.lora import peft_config
 
     model = get_peft_model(load_model(base_dir), peft_config(lora, str(base_dir)))
     gen = torch.Generator().manual_seed(seed)

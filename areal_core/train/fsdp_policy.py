@@ -2,7 +2,7 @@
 
 The policy is a Hugging Face causal LM sharded with ``fully_shard`` (one unit per decoder layer,
 one root); with ``actor.lora`` it carries peft LoRA adapters and only they train
-(:mod:`areal_core.train.lora`). Every public method is collective: all ranks call it with the same arguments, each rank
+(:mod:`areal_core.api.lora`). Every public method is collective: all ranks call it with the same arguments, each rank
 works on a token-balanced share, and results are combined with ``torch.distributed``.
 """
 
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from areal_core.api.algorithm import Algorithm, LossInput
-from areal_core.train import lora
+from areal_core.api import lora
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm

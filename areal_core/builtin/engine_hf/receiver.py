@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody
-from areal_core.train.lora import adapter_parameters, has_adapter
+from areal_core.api.lora import adapter_parameters, has_adapter
 from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
 
 log = logging.getLogger(__name__)
