@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from areal_core.config import ActorConfig, Config, DatasetConfig, GenerationConfig, from_dict  # noqa: F401
+    from areal_core.config import (  # noqa: F401
+        ActorConfig, Config, DatasetConfig, GenerationConfig, LoraConfig, from_dict, to_dict,
+    )
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
 API_VERSION = "1.0"
@@ -35,6 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "errors": ("ArealError", "ConfigError", "PluginError", "ProcessFailedError"),
     "hub": ("is_hub_id", "snapshot"),
+    "lora": ("adapter_parameters", "has_adapter", "peft_config"),
     "http_engine": ("HTTPServerEngine", "Segment", "command_line_flags"),
     "http_json": ("answers_ok", "get_json", "post_json"),
     "platform": ("Platform",),
@@ -44,7 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "trajectory": ("Trajectory",),
     "weight_channel": (
         "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "TensorSource", "WeightChannel",
-        "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "unflatten_bucket",
+        "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "tensor_digest", "unflatten_bucket",
     ),
     "weights": ("TrainerHandle", "WeightUpdateError", "WeightUpdater"),
     "wire": (
@@ -57,7 +60,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 #: The config tree a plugin's classes are built with (defined in ``areal_core.config``).
-_CONFIG = ("ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "from_dict")
+_CONFIG = ("ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "LoraConfig", "from_dict", "to_dict")
 _WHERE = {name: f"{__name__}.{module}" for module, names in _EXPORTS.items() for name in names}
 _WHERE.update({name: "areal_core.config" for name in _CONFIG})
 

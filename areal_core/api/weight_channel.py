@@ -15,6 +15,7 @@ Also here, for the channels that send flat buckets (hf, SGLang): the bucket plan
 from __future__ import annotations
 
 import abc
+import hashlib
 import importlib
 import math
 from collections.abc import Iterator, Sequence
@@ -284,3 +285,11 @@ def post_all(
     with ThreadPoolExecutor(max_workers=max(1, len(servers)), thread_name_prefix="weights-post") as pool:
         futures = [pool.submit(post_json, a, route, b, headers, timeout, label) for a, b in zip(servers, bodies)]
         return [f.result() for f in futures]
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and raw bytes: equal digests mean bit-for-bit equal."""
+    t = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from areal_core.config import from_dict, to_dict
+from areal_core.api import from_dict, to_dict
 from areal_core.api.engine import GenerationRequest
 from areal_core.api.http_engine import HTTPServerEngine, Segment
 from areal_core.api.errors import ArealError

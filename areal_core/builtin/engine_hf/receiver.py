@@ -16,7 +16,7 @@ import torch
 
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody
 from areal_core.api.lora import adapter_parameters, has_adapter
-from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
+from areal_core.api.weight_channel import bucket_nbytes, tensor_digest, unflatten_bucket
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,6 @@ def swap_into_model(model: Any, tensors: dict[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
         target = targets[name]
         target.data = tensor if tensor.dtype == target.dtype else tensor.to(target.dtype)
-
-
-def tensor_digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's dtype, shape and raw bytes: equal digests mean bit-for-bit equal."""
-    t = tensor.detach().cpu().contiguous()
-    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def model_digest(model: Any) -> dict[str, str]:

@@ -231,7 +231,7 @@ def _with_adapter(model: Any, lora_json: str) -> Any:
 
     import peft
 
-    from areal_core.config import LoraConfig, from_dict
+    from areal_core.api import LoraConfig, from_dict
     from areal_core.api.lora import peft_config
 
     config = from_dict(json.loads(lora_json), LoraConfig, "--lora")

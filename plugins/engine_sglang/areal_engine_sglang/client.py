@@ -51,7 +51,7 @@ from areal_engine_sglang.protocol import (
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.api import Config
     from areal_core.api.platform import Platform
     from areal_core.api.scheduler import Scheduler
     from areal_core.api.weight_channel import ChannelSpec

@@ -40,7 +40,7 @@ from areal_engine_vllm.protocol import (
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
+    from areal_core.api import Config
     from areal_core.api.platform import Platform
     from areal_core.api.weight_channel import ChannelSpec
 

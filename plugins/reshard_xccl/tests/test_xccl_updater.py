@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.builtin.engine_hf.client import HFEngine
-from areal_core.builtin.engine_hf.receiver import tensor_digest
+from areal_core.api.weight_channel import tensor_digest
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
