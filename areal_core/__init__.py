@@ -1,20 +1,18 @@
 """areal-core: plugin-based, fully asynchronous RL post-training for LLMs.
 
-Plugins import :data:`hookimpl` to implement hooks from :mod:`areal_core.hookspecs`.
+Plugins import only :mod:`areal_core.api` (its :data:`~areal_core.api.hookimpl` marks hook
+implementations of :mod:`areal_core.hookspecs`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pluggy
-
 __version__ = (Path(__file__).parent / "VERSION").read_text().strip()  # the one version of every distribution
 
-hookimpl = pluggy.HookimplMarker("areal")
-
+from areal_core.api import hookimpl  # noqa: E402
+from areal_core.api.errors import ArealError, ConfigError, PluginError  # noqa: E402
 from areal_core.config import load_config  # noqa: E402
-from areal_core.errors import ArealError, ConfigError, PluginError  # noqa: E402
 
 
 def run(config_path: str | None = None, overrides: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from areal_core.config import config_and_overrides
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 
 def _split_config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -32,6 +32,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
             "hooks": info.hooks,
             "registered": info.registered,
             "error": info.error,
+            "incompatible": info.incompatible,
         }
         for info in plugins.infos
     ]
@@ -39,10 +40,10 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        status = "BROKEN" if row["error"] else "ok"
+        status = "BROKEN" if row["error"] else "INCOMPATIBLE" if row["incompatible"] else "ok"
         print(f"{row['name']}  ({row['distribution']} {row['version']})  [{status}]")
-        if row["error"]:
-            print(f"    error: {row['error']}")
+        if row["error"] or row["incompatible"]:
+            print(f"    error: {row['error']}" if row["error"] else f"    {row['incompatible']}")
             continue
         print(f"    hooks: {', '.join(row['hooks']) or '-'}")
         for kind, names in row["registered"].items():
@@ -52,7 +53,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.config import dump_yaml, load_config
-    from areal_core.platform import unavailable_message
+    from areal_core.active_platform import unavailable_message
     from areal_core.plugins import load_plugins
     from areal_core.preflight import hub_notes, preflight
     from areal_core.resolve import resolve_config
@@ -99,7 +100,7 @@ def cmd_quickstart(ns: argparse.Namespace) -> int:
 
 def cmd_servers(ns: argparse.Namespace) -> int:
     """``areal servers list|add|remove RUN_DIR``: the inference servers of a running job."""
-    from areal_core.control import control_call
+    from areal_core.control_endpoint import control_call
 
     if ns.action == "list":
         reply = control_call(ns.run_dir, "GET", "/servers")

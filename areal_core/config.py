@@ -17,7 +17,7 @@ from typing import Any, Literal, Sequence, Union
 import attrs
 import yaml
 
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 frozen = attrs.frozen(kw_only=True)
 
@@ -484,7 +484,7 @@ def check_config(config: Config) -> None:
             "clip-higher must be >= eps_clip",
         )
     _check_cluster(config)
-    from areal_core.hub import is_hub_id
+    from areal_core.api.hub import is_hub_id
 
     if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
         raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")

@@ -24,7 +24,7 @@ RegisterNamed = Callable[[str, Any], None]
 
 @hookspec
 def areal_register_platforms(register: RegisterPlatform) -> None:
-    """Register Platform subclasses (see :class:`areal_core.platform.Platform`).
+    """Register Platform subclasses (see :class:`areal_core.api.platform.Platform`).
 
     :param register: call ``register(PlatformCls)`` once per platform; ``PlatformCls.name`` is
         what ``platform:`` selects and ``is_available()`` must not import heavy libraries.
@@ -36,7 +36,7 @@ def areal_register_inference_engines(register: RegisterNamed) -> None:
     """Register inference engines (clients of generation servers).
 
     :param register: call ``register("vllm", EngineCls)``; the name is what ``rollout.engine``
-        selects. ``EngineCls`` implements :class:`areal_core.engine.InferenceEngine`.
+        selects. ``EngineCls`` implements :class:`areal_core.api.engine.InferenceEngine`.
     """
 
 
@@ -46,7 +46,7 @@ def areal_register_weight_updaters(register: RegisterNamed) -> None:
 
     :param register: call ``register("disk", UpdaterCls)``; the name is what
         ``actor.weight_update`` selects. ``UpdaterCls`` implements
-        :class:`areal_core.weights.WeightUpdater`.
+        :class:`areal_core.api.weights.WeightUpdater`.
     """
 
 
@@ -56,7 +56,7 @@ def areal_register_algorithms(register: RegisterNamed) -> None:
 
     :param register: call ``register("grpo", AlgorithmCls)``; the name is what
         ``actor.algorithm`` selects. ``AlgorithmCls`` implements
-        :class:`areal_core.algorithm.Algorithm`.
+        :class:`areal_core.api.algorithm.Algorithm`.
     """
 
 
@@ -85,7 +85,7 @@ def areal_configure(config: Config) -> Config | None:
     """Validate or adjust the resolved config once plugins are loaded.
 
     Called for every plugin in registration order; each sees the previous one's result.
-    Raise :class:`areal_core.errors.ConfigError` naming the dotted key to reject a config.
+    Raise :class:`areal_core.api.errors.ConfigError` naming the dotted key to reject a config.
 
     :param config: the config so far (frozen; use ``attrs.evolve`` to change it).
     :return: an updated config, or ``None`` to keep it as is.
@@ -94,10 +94,10 @@ def areal_configure(config: Config) -> Config | None:
 
 @hookspec
 def areal_register_tool_parsers(register: RegisterNamed) -> None:
-    """Register tool-call parsers for the agent proxy (:mod:`areal_core.agent.tool_parsers`).
+    """Register tool-call parsers for the agent proxy (:mod:`areal_core.builtin.tool_parsers.parsers`).
 
     :param register: call ``register("hermes", parse)`` where ``parse(text) -> (content, calls)``
         takes the output decoded with special tokens kept and returns the remaining content and a
-        list of :class:`areal_core.agent.tool_parsers.ToolCall`; text it does not recognise comes
+        list of :class:`areal_core.api.tool_call.ToolCall`; text it does not recognise comes
         back unchanged with no calls. The name is what ``agent.tool_parser`` selects.
     """

@@ -21,7 +21,8 @@ import attrs
 import pluggy
 
 from areal_core import hookspecs
-from areal_core.errors import ArealError, PluginError
+from areal_core.api import API_VERSION
+from areal_core.api.errors import ArealError, PluginError
 
 ENTRY_POINT_GROUP = "areal"
 
@@ -47,8 +48,8 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
 }
 
 BUILTIN_MODULES: tuple[str, ...] = (
-    "areal_core.builtin.platforms",
-    "areal_core.builtin.engines",
+    "areal_core.builtin.platform_cpu",
+    "areal_core.builtin.engine_hf",
     "areal_core.builtin.algorithms",
     "areal_core.builtin.rewards",
     "areal_core.builtin.datasets",
@@ -67,6 +68,7 @@ class PluginInfo:
     hooks: list[str] = attrs.Factory(list)
     registered: dict[str, list[str]] = attrs.Factory(dict)
     error: str | None = None
+    incompatible: str | None = None  # why its declared AREAL_API range excludes API_VERSION
 
     @property
     def broken(self) -> bool:
@@ -157,11 +159,9 @@ class Plugins:
         prefix = KINDS[kind][1]
         dist = KNOWN_DISTRIBUTIONS.get((kind, name))
         for info in self.infos:
-            if info.broken and (info.name == f"{prefix}_{name}" or info.distribution == dist):
-                return (
-                    f"{kind} {name!r} comes from plugin {info.name!r} ({info.distribution} "
-                    f"{info.version}), which failed to load: {info.error}"
-                )
+            if (info.broken or info.incompatible) and (info.name == f"{prefix}_{name}" or info.distribution == dist):
+                why = f"failed to load: {info.error}" if info.broken else f"is incompatible: {info.incompatible}"
+                return f"{kind} {name!r} comes from plugin {info.name!r} ({info.distribution} {info.version}), which {why}"
         for info in self.filtered:
             if info.name == f"{prefix}_{name}" or info.distribution == dist:
                 allowed = os.environ.get("AREAL_PLUGINS", "")
@@ -221,7 +221,8 @@ def load_plugins(
 ) -> Plugins:
     """Build a fresh plugin set: built-ins, then entry points, then ``extra`` (name, module).
 
-    A plugin that fails to import is recorded as broken and skipped; the others still load.
+    A plugin that fails to import is recorded as broken and skipped, one whose ``AREAL_API`` range
+    excludes :data:`~areal_core.api.API_VERSION` as incompatible and skipped; the others still load.
     Hook implementations with no matching spec raise :class:`PluginError` (``check_pending``).
     """
     pm = pluggy.PluginManager("areal")
@@ -252,12 +253,18 @@ def load_plugins(
             info = PluginInfo(ep.name, dist_name, dist_version)
             infos.append(info)
             try:
-                pm.register(ep.load(), name=ep.name)
+                module = ep.load()
+                info.incompatible = api_mismatch(module)
+                if info.incompatible is None:
+                    pm.register(module, name=ep.name)
             except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the others
                 info.error = f"{type(exc).__name__}: {exc}"
     for name, module in extra:
-        pm.register(module, name=name)
-        infos.append(PluginInfo(name, getattr(module, "__distribution__", "<inline>"), "-"))
+        info = PluginInfo(name, getattr(module, "__distribution__", "<inline>"), "-")
+        infos.append(info)
+        info.incompatible = api_mismatch(module)
+        if info.incompatible is None:
+            pm.register(module, name=name)
 
     try:
         pm.check_pending()
@@ -270,6 +277,30 @@ def load_plugins(
     plugins = Plugins(pm, infos, filtered)
     plugins._collect()
     return plugins
+
+
+def api_mismatch(module: object) -> str | None:
+    """Why ``module``'s ``AREAL_API`` range (e.g. ``">=1.0,<2"``) excludes :data:`API_VERSION`;
+    None when it includes it or the module declares none."""
+    declared = getattr(module, "AREAL_API", None)
+    if declared is None:
+        return None
+    ops = {">=": "__ge__", "<=": "__le__", ">": "__gt__", "<": "__lt__", "==": "__eq__", "!=": "__ne__"}
+    current = _version_tuple(API_VERSION)
+    for clause in str(declared).split(","):
+        op = next((op for op in ops if clause.strip().startswith(op)), None)
+        bound = _version_tuple(clause.strip()[len(op or ""):]) if op else None
+        if op is None or bound is None:
+            return f"AREAL_API = {declared!r} is not a version range like '>=1.0,<2'"
+        width = max(len(current), len(bound))
+        if not getattr(current + (0,) * (width - len(current)), ops[op])(bound + (0,) * (width - len(bound))):
+            return f"it supports areal_core.api {declared}, this areal-core has API {API_VERSION}; install a matching version"
+    return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    parts = text.strip().split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
 
 
 def _version(distribution: str) -> str:

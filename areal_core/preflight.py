@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from areal_core.config import Config, DatasetConfig
-from areal_core.datasets import dataset_key, load_dataset
-from areal_core.errors import ConfigError
-from areal_core.hub import is_hub_id
+from areal_core.api.dataset import dataset_key
+from areal_core.dataset_loading import load_dataset
+from areal_core.api.errors import ConfigError
+from areal_core.api.hub import is_hub_id
 from areal_core.plugins import Plugins
 
 #: Files of which a Hugging Face model directory holds at least one when it has a tokenizer.

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import attrs
 
 from areal_core.config import Config, to_dict
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 LATEST = "latest.json"
 

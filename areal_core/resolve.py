@@ -5,8 +5,9 @@ from __future__ import annotations
 import attrs
 
 from areal_core.config import Config
-from areal_core.errors import ConfigError, PluginError
-from areal_core.platform import Platform, resolve_platform
+from areal_core.api.errors import ConfigError, PluginError
+from areal_core.api.platform import Platform
+from areal_core.active_platform import resolve_platform
 from areal_core.plugins import Plugins
 
 #: (dotted config key, plugin kind) for every name a config selects.

@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 LOCK_FILE = "run.lock"
 

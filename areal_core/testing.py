@@ -31,7 +31,7 @@ class PluginSetFactory:
 
     def add_hooks(self, name: str, **hooks: Any) -> object:
         """Add an inline plugin made of ``hook_name=function`` pairs (functions get ``@hookimpl``)."""
-        from areal_core import hookimpl
+        from areal_core.api import hookimpl
 
         module = types.SimpleNamespace(**{hook: hookimpl(fn) for hook, fn in hooks.items()})
         return self.add(module, name)
@@ -44,7 +44,7 @@ class PluginSetFactory:
 @pytest.fixture
 def areal_plugins() -> Iterator[PluginSetFactory]:
     """A fresh :class:`PluginSetFactory`; the active platform is reset afterwards."""
-    from areal_core.platform import _reset_for_tests
+    from areal_core.active_platform import _reset_for_tests
 
     yield PluginSetFactory()
     _reset_for_tests()
@@ -56,7 +56,7 @@ def areal_plugins() -> Iterator[PluginSetFactory]:
 
 
 class LoopThread:
-    """An asyncio loop in a background thread, as the rollout controller runs engines."""
+    """An asyncio loop in a background thread, as the rollout runner runs engines."""
 
     def __init__(self) -> None:
         import asyncio
@@ -90,8 +90,8 @@ def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
 
 
 def greedy_request(prompt: list[int], n: int, **sampling: Any) -> Any:
-    """A greedy :class:`~areal_core.engine.GenerationRequest` for ``n`` new tokens."""
-    from areal_core.engine import GenerationRequest, SamplingParams
+    """A greedy :class:`~areal_core.api.engine.GenerationRequest` for ``n`` new tokens."""
+    from areal_core.api.engine import GenerationRequest, SamplingParams
 
     return GenerationRequest(input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, greedy=True, **sampling))
 
@@ -186,7 +186,7 @@ def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float =
     import torch
     from peft import get_peft_model
 
-    from areal_core.train.lora import peft_config
+    from areal_core.api.lora import peft_config
 
     model = get_peft_model(load_model(base_dir), peft_config(lora, str(base_dir)))
     gen = torch.Generator().manual_seed(seed)
@@ -218,7 +218,7 @@ def check_adapter_updates(engine: Any, base_dir: Any, out_root: Any, lora: Any, 
     ``areal-lora-v{v}``; and the outputs differ from the base model's."""
     from pathlib import Path
 
-    from areal_core.engine import GenerationRequest, SamplingParams
+    from areal_core.api.engine import GenerationRequest, SamplingParams
 
     greedy = [greedy_request(p, 12) for p in prompts]
     sampled = [GenerationRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=12, seed=i))

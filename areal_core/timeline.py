@@ -7,7 +7,7 @@ One JSON object per line, times in seconds since the recorder started (``perf_co
 - ``{"ev": "span", "name": ..., "step": ..., "t0": ..., "t1": ...}``: a trainer phase;
 - ``{"ev": "rollout", "t": ..., "in_flight": ..., "ready": ..., "accepted": ...,
   "blocked_staleness": ..., "blocked_concurrency": ..., "paused": ..., "aborted": ...}``: the rollout
-  controller's state after each change (see ``RolloutController._gauge`` for the fields).
+  controller's state after each change (see ``RolloutRunner._gauge`` for the fields).
 
 Recording appends small tuples to a list under a lock; :meth:`Timeline.flush` (once per step, on
 the trainer's thread) turns them into lines. ``areal timeline RUN_DIR`` draws and analyses the file

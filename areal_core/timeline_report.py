@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 from areal_core.timeline import ROLLOUT_FIELDS, TIMELINE_FILE
 
 WAIT = "rollout_wait"

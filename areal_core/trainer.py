@@ -26,11 +26,11 @@ from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import resolve_config
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
-from areal_core.rollout.workflow import Workflow
+from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline, open_timeline
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -110,12 +110,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def _model_path(self, items: list[dict[str, Any]]) -> str:
-        from areal_core.hub import is_hub_id, snapshot
+        from areal_core.api.hub import is_hub_id, snapshot
 
         if self.config.model.path:  # a hub id becomes its local snapshot: servers load directories
             path = self.config.model.path
             return str(snapshot(path, "model.path")) if is_hub_id(path) else path
-        from areal_core.datasets import corpus
+        from areal_core.api.dataset import corpus
         from areal_core.tiny_model import ensure_tiny_model
 
         path = ensure_tiny_model(self.config.model.tiny, corpus(items), Path(self.config.fileroot) / "models", self.config.seed)
@@ -123,7 +123,7 @@ class Trainer:
 
     def run(self) -> RunSummary:
         """Check what the config points at, lock the run directory, start both planes, train."""
-        from areal_core.platform import activate_platform
+        from areal_core.active_platform import activate_platform
         from areal_core.preflight import preflight
         from areal_core.run_lock import RunLock
 
@@ -154,12 +154,12 @@ class _Planes:
     def __enter__(self) -> _Planes:
         from transformers import AutoTokenizer
 
-        from areal_core.control import ControlServer
+        from areal_core.control_endpoint import ControlServer
         from areal_core.rollout.fleet import ServerFleet
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
         from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler import make_scheduler
-        from areal_core.train.controller import TrainController
+        from areal_core.train.worker_group import TrainWorkerGroup
 
         config = self.config
         self._stack = ExitStack()
@@ -174,7 +174,7 @@ class _Planes:
             self._stack.callback(self.engine.close)
             self.engine.launch_servers(self.scheduler)
             self.trainer = self._stack.enter_context(
-                TrainController(config, self.platform, self.scheduler, config.model.path, config.run_dir)
+                TrainWorkerGroup(config, self.platform, self.scheduler, config.model.path, config.run_dir)
             )
             say(
                 f"connecting the {config.actor.weight_update} weight path; reward {config.reward.name} "
@@ -222,7 +222,7 @@ def _fit(items: list[dict], tokenizer: Any, config: Config, dataset: DatasetConf
     """``items`` that fit the model's context (``max_position_embeddings`` in its config.json)."""
     import json
 
-    from areal_core.datasets import fit_context
+    from areal_core.dataset_loading import fit_context
 
     context = json.loads((Path(config.model.path) / "config.json").read_text()).get("max_position_embeddings")
     if dataset is None or not items or not isinstance(context, int):
@@ -266,7 +266,7 @@ class _Loop:
         """
         info = self.recover.latest() if self.config.recover.mode == "auto" else None
         version = info.version if info else 0
-        self.rollout = RolloutController.from_config(
+        self.rollout = RolloutRunner.from_config(
             self.planes.engine, self.config, version, self.planes.ledger, self.timeline
         )
         self.planes.ledger.record("start", version=version, dataset_size=len(self.loader), recovered=info is not None)
@@ -337,7 +337,7 @@ class _Loop:
     def _train_on(self, batch: list[Trajectory], step: int) -> dict[str, float]:
         import torch
 
-        from areal_core.train.engine import MINIBATCH_S
+        from areal_core.train.fsdp_policy import MINIBATCH_S
 
         planes = self.planes
         rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
@@ -373,7 +373,7 @@ class _Loop:
     def _update_weights(self, version: int, step: int) -> float:
         """Publish ``version`` with generation paused; an aborted update leaves every server on its
         previous weights and version, and the run goes on (the next step publishes newer ones)."""
-        from areal_core.weights import WeightUpdateError
+        from areal_core.api.weights import WeightUpdateError
 
         rollout, timeline = self.rollout, self.timeline
         with timeline.span("weight_update", step, version=version) as whole:

@@ -3,7 +3,7 @@
     python bench/agent_proxy_overhead.py [--concurrency 1 8] [--rounds 20] [--max-new-tokens 4]
 
 One hf server with the tiny model. For each concurrency ``c``, ``rounds`` waves of ``c`` chat
-completions run on the engine's event loop (as the rollout controller runs workflows):
+completions run on the engine's event loop (as the rollout runner runs workflows):
 ``encode_chat`` + ``engine.agenerate`` (direct, what a built-in workflow does); a raw HTTP POST
 to the proxy (the proxy's own cost: HTTP, JSON, template, engine hop, recording); and the
 ``openai`` ``AsyncOpenAI`` client through the proxy (what an in-process agent pays, client
@@ -22,10 +22,10 @@ from pathlib import Path
 from areal_core.agent import AgentProxy, ProxyServer
 from areal_core.agent.openai_api import Sampling
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
-from areal_core.engine import GenerationRequest
-from areal_core.hf_engine.client import HFEngine
-from areal_core.platform import CpuPlatform
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.engine import GenerationRequest
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.api.workflow import encode_chat
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import LoopThread
 from areal_core.tiny_model import ensure_tiny_model

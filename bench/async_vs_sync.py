@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import load_config
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
-from areal_core.hf_engine.client import HFEngine
+from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.plugins import load_plugins
 from areal_core.timeline_report import find_gaps, load, wait_breakdown
 from areal_core.trainer import Trainer

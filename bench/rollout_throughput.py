@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model

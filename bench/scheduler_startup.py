@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from areal_core.config import load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler import ProcessSpec, make_scheduler
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from areal_core.config import load_config
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.staleness import StalenessManager
 from areal_core.timeline import TIMELINE_FILE, Timeline
 from areal_core.trainer import Trainer
@@ -44,7 +44,7 @@ def recording_cost(spans_per_step: float, samples_per_step: float, tmp: Path, ro
     """Seconds to record and flush one step's events (median over ``rounds`` steps)."""
     timeline = Timeline(tmp / TIMELINE_FILE)
     # the rollout controller's own gauge (not started: only its bookkeeping runs)
-    controller = RolloutController(None, StalenessManager(batch_size=16, max_head_offpolicyness=2, max_concurrent=64),
+    controller = RolloutRunner(None, StalenessManager(batch_size=16, max_head_offpolicyness=2, max_concurrent=64),
                                    timeline=timeline)
     n_spans, n_samples = round(spans_per_step), round(samples_per_step)
     costs = []

@@ -1,6 +1,6 @@
 """Train-step throughput, side by side in one run (CPU, world size 1, real gloo group).
 
-(a) the framework's ``TrainEngine.ppo_update`` (FSDP2, packed micro-batches, chunked log-probs,
+(a) the framework's ``FSDPPolicy.ppo_update`` (FSDP2, packed micro-batches, chunked log-probs,
     stats) vs a bare PyTorch loop (plain HF model, the same packed micro-batches, full-vocab
     log-softmax, the same GRPO loss and AdamW) on the same data, same number of optimizer steps;
 (b) packed vs padded micro-batches on long-tail lengths, both as bare loops with the same token
@@ -26,14 +26,14 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from areal_core.algorithm import Algorithm, LossInput
+from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.engine import TrainEngine
+from areal_core.train.fsdp_policy import FSDPPolicy
 from areal_core.train.packing import first_fit_decreasing
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
                      intermediate_size=768, max_position_embeddings=1024)
@@ -113,7 +113,7 @@ class BareLoop:
         self.optimizer.step()
 
 
-def _check_same_logprobs(engine: TrainEngine, packed: BareLoop, padded: BareLoop, vocab: int) -> None:
+def _check_same_logprobs(engine: FSDPPolicy, packed: BareLoop, padded: BareLoop, vocab: int) -> None:
     """The contenders compute the same thing: per-token log-probs agree before any step."""
     seqs = [t.input_ids for t in make_trajs([30, 7, 52, 19], vocab, seed=2)]
     ours = torch.tensor([x for seq in engine.compute_logprobs(seqs) for x in seq])
@@ -135,7 +135,7 @@ def race(contenders: dict[str, Callable[[], None]], steps: int, tokens: int) -> 
     return {name: tokens * steps / t for name, t in elapsed.items()}
 
 
-def optimizer_state_bytes(engine: TrainEngine) -> int:
+def optimizer_state_bytes(engine: FSDPPolicy) -> int:
     """Bytes of every tensor in the engine's AdamW state (this rank's shards)."""
     from torch.distributed.tensor import DTensor
 
@@ -154,7 +154,7 @@ def lora_vs_full(steps: int) -> None:
             config = load_config(None, [f"model.path={path}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
                                         "total_train_steps=100", *extra])
             algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
-            engines[name] = TrainEngine(config, CpuPlatform(), str(path), algorithm)
+            engines[name] = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
             engines[name].initialize()
         vocab = engines["full"].model.lm.config.vocab_size
         lengths = [random.Random(0).randint(48, 160) for _ in range(16)]
@@ -196,7 +196,7 @@ def main() -> None:
             config = load_config(None, [f"model.path={path}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
                                         "total_train_steps=100"])
             algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
-            engine = TrainEngine(config, CpuPlatform(), str(path), algorithm)
+            engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
             engine.initialize()
             vocab = engine.model.lm.config.vocab_size
             rng = random.Random(0)

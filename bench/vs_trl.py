@@ -51,7 +51,8 @@ def job_config(seed: int, fileroot: Path, steps: int):
 
 def build_model(seed: int, fileroot: Path) -> Path:
     """The tiny model exactly as the quickstart builds it (cached where our run will find it)."""
-    from areal_core.datasets import corpus, load_dataset
+    from areal_core.api.dataset import corpus
+    from areal_core.dataset_loading import load_dataset
     from areal_core.tiny_model import ensure_tiny_model
 
     config = job_config(seed, fileroot, 1)
@@ -114,8 +115,8 @@ def trl_main(seed: int, threads: int, steps: int, model_dir: str, out: str) -> N
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from areal_core.datasets import load_dataset
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.dataset_loading import load_dataset
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     config = job_config(seed, Path(tempfile.gettempdir()), steps)
     train = load_dataset(config.train_dataset, "train")
@@ -162,7 +163,7 @@ def trl_main(seed: int, threads: int, steps: int, model_dir: str, out: str) -> N
 def greedy_accuracy(model, tokenizer, items: list[dict], max_new_tokens: int) -> float:
     import torch
 
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     model.eval()
     hits = 0.0
@@ -198,8 +199,8 @@ def floor_main(threads: int, steps: int, model_dir: str, out: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from areal_core.datasets import load_dataset
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.dataset_loading import load_dataset
+    from areal_core.builtin.rewards.synthetic import exact_match
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import Config, DatasetConfig
-from areal_core.datasets.synthetic import load_arith
+from areal_core.builtin.datasets.synthetic import load_arith
 from areal_core.launcher import script_main
 from areal_core.plugins import load_plugins
 from areal_core.trainer import Trainer

@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 
 from areal_core.config import TinyModelSpec, load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.scheduler import ProcessSpec
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 
@@ -92,8 +92,8 @@ def bench_size(
 ) -> list[tuple]:
     from safetensors.torch import load_file, save_file
 
-    from areal_core.scheduler.base import free_port
-    from areal_core.train.controller import TrainController
+    from areal_core.api.scheduler import free_port
+    from areal_core.train.worker_group import TrainWorkerGroup
 
     model = ensure_tiny_model(spec, CORPUS, root / "models", seed=0)
     weights = model / "model.safetensors"
@@ -107,7 +107,7 @@ def bench_size(
     with LocalScheduler(CpuPlatform()) as scheduler:
         engine = plugins.get("engine", engine_name)(config, CpuPlatform())
         engine.launch_servers(scheduler)
-        with TrainController(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
+        with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
             disk = plugins.get("weight_updater", "disk")(config, CpuPlatform())
             disk.connect(trainer, engine)
             xccl = {}
@@ -164,7 +164,7 @@ def bench_lora(root: Path, reps: int) -> None:
     """Adapter vs full model: per update, the bytes moved and the seconds of ``disk`` and ``xccl``."""
     from train_step import LORA, LORA_SPEC
 
-    from areal_core.train.controller import TrainController
+    from areal_core.train.worker_group import TrainWorkerGroup
 
     model = ensure_tiny_model(LORA_SPEC, CORPUS, root / "models", seed=0)
     plugins = load_plugins()
@@ -177,7 +177,7 @@ def bench_lora(root: Path, reps: int) -> None:
         with LocalScheduler(CpuPlatform()) as scheduler:
             engine = plugins.get("engine", "hf")(config, CpuPlatform())
             engine.launch_servers(scheduler)
-            with TrainController(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
+            with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
                 version = 0
                 for name in ("disk", "xccl"):
                     updater = plugins.get("weight_updater", name)(config, CpuPlatform())

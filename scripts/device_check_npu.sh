@@ -37,9 +37,9 @@ fi
 step npu_platform_on_hardware 180 python - <<'PY'
 import os
 import torch, torch.distributed as dist
-from areal_core.platform import activate_platform, resolve_platform
+from areal_core.active_platform import activate_platform, resolve_platform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 plugins = load_plugins()
 assert resolve_platform("auto", plugins).name == "npu", "auto did not pick npu"
 p = activate_platform(resolve_platform("npu", plugins))  # imports torch_npu

@@ -38,13 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(ns: argparse.Namespace) -> int:
     from areal_core.config import TinyModelSpec, load_config
-    from areal_core.engine import GenerationRequest, SamplingParams, SupportsWeightChannel
-    from areal_core.platform import activate_platform, resolve_platform
+    from areal_core.api.engine import GenerationRequest, SamplingParams, SupportsWeightChannel
+    from areal_core.active_platform import activate_platform, resolve_platform
     from areal_core.plugins import load_plugins
     from areal_core.scheduler.local import LocalScheduler
     from areal_core.tiny_model import ensure_tiny_model
-    from areal_core.train.controller import TrainController
-    from areal_core.trajectory import Trajectory
+    from areal_core.train.worker_group import TrainWorkerGroup
+    from areal_core.api.trajectory import Trajectory
 
     plugins = load_plugins()
     engine_cls, updater_cls = plugins.get("engine", ns.engine), plugins.get("weight_updater", "xccl")
@@ -74,7 +74,7 @@ def main(ns: argparse.Namespace) -> int:
             print(f"XCCL_CHECK FAIL engine={ns.engine} platform={platform.name}: channel backend {backend!r}, "
                   f"expected {ns.expect_backend!r}")  # fmt: skip
             return 1
-        trainer = stack.enter_context(TrainController(config, platform, scheduler, str(model), config.run_dir))
+        trainer = stack.enter_context(TrainWorkerGroup(config, platform, scheduler, str(model), config.run_dir))
         updater = updater_cls(config, platform)
         updater.connect(trainer, engine)
         stack.callback(updater.close)
@@ -117,7 +117,7 @@ def main(ns: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     args = parse_args()
-    from areal_core.errors import ArealError
+    from areal_core.api.errors import ArealError
 
     try:
         sys.exit(main(args))

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from areal_core.platform import activate_platform, resolve_platform
+from areal_core.active_platform import activate_platform, resolve_platform
 from areal_core.plugins import load_plugins
 from areal_core.train.logprobs import token_logprobs
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = "areal-core"

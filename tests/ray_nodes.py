@@ -21,7 +21,7 @@ from pathlib import Path
 
 from quickstart_runs import MARK, kill_marked, marked_pids
 
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 
 HEAD_IP = "127.0.0.3"
 RAY_START = [sys.executable, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats", "--object-store-memory=100000000"]

@@ -8,8 +8,8 @@ import time
 from typing import Callable
 
 from areal_core.config import Config
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 
 Script = Callable[[GenerationRequest], list[int]]
 

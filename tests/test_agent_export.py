@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.agent import (
     AgentProxy,
     Completion,
@@ -28,9 +28,10 @@ from areal_core.agent.proxy import Reply
 from areal_core.agent.responses_api import parse_responses, response_events
 from areal_core.agent.sessions import UnknownCompletion
 from areal_core.agent.sse import DONE
-from areal_core.agent.tool_parsers import hermes, llama3_json, mistral, tool_parser
+from areal_core.builtin.tool_parsers.parsers import hermes, llama3_json, mistral
+from areal_core.agent.parser_choice import tool_parser
 from areal_core.config import GenerationConfig
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.errors import ConfigError, PluginError
 from areal_core.tiny_model import build_char_tokenizer
 
 
@@ -290,7 +291,7 @@ def test_anthropic_blocks_become_chat_messages():
 
 
 def test_streams_carry_the_same_reply_as_the_objects():
-    from areal_core.agent.tool_parsers import ToolCall
+    from areal_core.api.tool_call import ToolCall
 
     reply = _reply("", [ToolCall("add", '{"a": 2}', "call_1")])
     events = response_events({"model": "m"}, reply)

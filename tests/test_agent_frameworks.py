@@ -23,8 +23,8 @@ from openai import AsyncOpenAI, OpenAI
 
 from areal_core.agent import AgentProxy, ProxyServer, Session, export_session
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
-from areal_core.engine import GenerationRequest, GenerationResponse
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.engine import GenerationRequest, GenerationResponse
+from areal_core.api.workflow import encode_chat
 from areal_core.tiny_model import build_char_tokenizer, ensure_tiny_model
 
 CORPUS = [string.ascii_letters + string.digits + string.punctuation + " "]
@@ -109,8 +109,8 @@ def fake() -> Iterator[Proxied]:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     from transformers import AutoTokenizer
 
-    from areal_core.hf_engine.client import HFEngine
-    from areal_core.platform import CpuPlatform
+    from areal_core.builtin.engine_hf.client import HFEngine
+    from areal_core.builtin.platform_cpu.platform import CpuPlatform
     from areal_core.scheduler.local import LocalScheduler
 
     root = tmp_path_factory.mktemp("frameworks")

@@ -24,11 +24,11 @@ from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import Config, GenerationConfig, ModelConfig, RolloutConfig
-from areal_core.hf_engine.client import HFEngine
-from areal_core.platform import CpuPlatform
-from areal_core.rollout.controller import RolloutController
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.staleness import StalenessManager
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.workflow import encode_chat
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import LoopThread
 from areal_core.tiny_model import ensure_tiny_model
@@ -351,7 +351,7 @@ def test_controller_runs_agents_under_the_staleness_bound(proxied: Proxied) -> N
     engine = proxied.proxy.engine
     staleness = StalenessManager(batch_size=2, max_head_offpolicyness=0, max_concurrent=3)
     items = iter([{"id": f"q{i}", "prompt": f"{i}+1="} for i in range(4)])
-    with RolloutController(engine, staleness) as controller:
+    with RolloutRunner(engine, staleness) as controller:
         batch = controller.prepare_batch(items, workflow, timeout=300)
         assert staleness.submitted <= 2  # max_head_offpolicyness 0: no episode beyond this version's batch
     assert {t.prompt_id for t in batch} == {"q0", "q1"}

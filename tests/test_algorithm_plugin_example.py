@@ -20,7 +20,7 @@ PROBE = textwrap.dedent(
     """
     import json, sys
     import torch
-    from areal_core.algorithm import Algorithm, LossInput
+    from areal_core.api.algorithm import Algorithm, LossInput
     from areal_core.config import load_config
     from areal_core.plugins import load_plugins
 

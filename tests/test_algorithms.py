@@ -10,11 +10,14 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from areal_core.algorithm import Algorithm, LossInput
-from areal_core.algorithms import DAPO, GRPO, GSPO, PPO, RLOO, DrGRPO, ReinforcePlusPlus
+from areal_core.api.algorithm import Algorithm, LossInput
+from areal_core.builtin.algorithms.rloo import RLOO
+from areal_core.builtin.algorithms.ppo import ReinforcePlusPlus, PPO
+from areal_core.builtin.algorithms.gspo import GSPO
+from areal_core.builtin.algorithms.grpo import DrGRPO, GRPO, DAPO
 from areal_core.builtin.algorithms import ALGORITHMS
 from areal_core.config import ActorConfig, load_config
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 from areal_core.plugins import load_plugins
 
 ALL = [GRPO, PPO, DrGRPO, DAPO, RLOO, GSPO, ReinforcePlusPlus]

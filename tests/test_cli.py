@@ -60,8 +60,8 @@ def test_plugins_lists_builtins_without_heavy_imports():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     by_name = {row["name"]: row for row in rows}
-    assert by_name["builtin-engines"]["registered"] == {"engine": ["hf"]}
-    assert by_name["builtin-platforms"]["distribution"] == "areal-core"
+    assert by_name["builtin-engine_hf"]["registered"] == {"engine": ["hf"]}
+    assert by_name["builtin-platform_cpu"]["distribution"] == "areal-core"
     assert json.loads(result.stderr.strip().splitlines()[-1]) == []
 
 
@@ -83,6 +83,27 @@ def test_plugins_shows_broken_plugin(tmp_path):
     assert result.returncode == 2
     assert "rollout.engine: engine 'demo' comes from plugin 'engine_demo' (areal-broken-demo 1.0), which failed to load: ImportError: needs libdemo.so" in result.stderr
 
+
+
+def test_plugins_shows_incompatible_plugin_in_one_line(tmp_path):
+    """An installed plugin whose AREAL_API range excludes this API is listed, not loaded, and the
+    listing goes on."""
+    dist = tmp_path / "site" / "areal_old_demo-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: areal-old-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[areal]\nreward_old = areal_old_demo\n")
+    (tmp_path / "site" / "areal_old_demo.py").write_text(
+        "from areal_core.api import hookimpl\nAREAL_API = '<1'\n\n@hookimpl\n"
+        "def areal_register_rewards(register):\n    register('old', 'builtins:abs')\n"
+    )
+    import os
+
+    result = _areal("plugins", env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = lines.index("reward_old  (areal-old-demo 1.0)  [INCOMPATIBLE]")
+    assert lines[at + 1].strip().startswith("it supports areal_core.api <1, this areal-core has API ")
+    assert "builtin-engine_hf  (areal-core" in result.stdout
 
 CONFIG = "examples/quickstart/config.yaml"
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import Config, OptimizerConfig, dump_yaml, from_dict, load_config, to_dict
-from areal_core.errors import ConfigError
+from areal_core.api.errors import ConfigError
 
 
 def test_defaults_and_overrides(tmp_path):

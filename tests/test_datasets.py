@@ -9,14 +9,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import DatasetConfig, load_config
-from areal_core.datasets import corpus, load_dataset, reward_data
-from areal_core.datasets.gsm8k import load_gsm8k
-from areal_core.datasets.synthetic import load_arith, load_reverse
-from areal_core.errors import ConfigError, PluginError
+from areal_core.api.dataset import corpus, reward_data
+from areal_core.dataset_loading import load_dataset
+from areal_core.builtin.datasets.gsm8k import load_gsm8k
+from areal_core.builtin.datasets.synthetic import load_arith, load_reverse
+from areal_core.api.errors import ConfigError, PluginError
 from areal_core.plugins import load_plugins
-from areal_core.rewards.synthetic import exact_match
+from areal_core.builtin.rewards.synthetic import exact_match
 
 SHARED_GSM8K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k"
 
@@ -213,8 +214,8 @@ def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog
     from transformers import AutoTokenizer
 
     from areal_core.config import TinyModelSpec
-    from areal_core.datasets import fit_context
-    from areal_core.rollout.workflow import encode_chat
+    from areal_core.dataset_loading import fit_context
+    from areal_core.api.workflow import encode_chat
     from areal_core.tiny_model import ensure_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(TinyModelSpec(), ["1+2=3 "], tmp_path, seed=0))

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from areal_core.config import load_config
-from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessSpec
-from areal_core.scheduler.devices import server_devices, trainer_devices
+from areal_core.api.errors import ArealError
+from areal_core.api.scheduler import ProcessSpec
+from areal_core.api.devices import server_devices, trainer_devices
 from areal_core.scheduler.local import LocalScheduler
 
 

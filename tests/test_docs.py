@@ -30,3 +30,18 @@ def test_hook_is_documented(hook):
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_spec_has_docstring(hook):
     assert (getattr(hookspecs, hook).__doc__ or "").strip()
+
+
+def test_api_section_lists_exactly_the_api():
+    """docs/plugins.md's table of areal_core.api names each public name once, in its module's row."""
+    import areal_core.api as api
+
+    section = DOC.split("## The API: `areal_core.api`", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, str] = {}
+    for module, names in re.findall(r"^\| `([\w.]+)` \| [^|]+ \| (.+) \|$", section, re.M):
+        for name in re.findall(r"`(\w+)`", names):
+            assert name not in documented, f"{name} is listed twice"
+            documented[name] = f"areal_core.{module}"
+    assert documented == api._WHERE
+    assert set(api.__all__) == set(documented) | {"API_VERSION", "hookimpl"}
+    assert f"`API_VERSION` (`\"{api.API_VERSION}\"`)" in section

@@ -13,7 +13,7 @@ from quickstart_runs import (
     LAUNCHER, SCRIPT, assert_same_params, cmdline, marked_pids, rewards, run_args, start, wait_for_first_step, wait_until,
 )
 
-from areal_core.errors import ProcessFailedError
+from areal_core.api.errors import ProcessFailedError
 
 pytestmark = pytest.mark.slow
 

@@ -25,15 +25,15 @@ from hypothesis import strategies as st
 from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.control import CONTROL_FILE, ControlServer, control_call
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import Router
-from areal_core.errors import ArealError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.platform import CpuPlatform
+from areal_core.control_endpoint import CONTROL_FILE, ControlServer, control_call
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.http_engine import Router
+from areal_core.api.errors import ArealError
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
-from areal_core.scheduler.base import ProcessDiedError
+from areal_core.api.scheduler import ProcessDiedError
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import LoopThread, generate_all, hf_greedy, perturbed_model, wait_for
 from areal_core.tiny_model import ensure_tiny_model
@@ -295,7 +295,7 @@ ELASTIC_RUN = [
 
 def _server_pids(mark: str) -> list[int]:
     return sorted(
-        pid for pid in marked_pids(mark) if b"areal_core.hf_engine.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        pid for pid in marked_pids(mark) if b"areal_core.builtin.engine_hf.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     )
 
 

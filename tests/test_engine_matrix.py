@@ -30,11 +30,13 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.engine_http import wait_healthy
-from areal_core.platform import CpuPlatform, Platform, resolve_platform
+from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
+from areal_core.api.http_engine import wait_healthy
+from areal_core.api.platform import Platform
+from areal_core.active_platform import resolve_platform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
@@ -47,7 +49,7 @@ from areal_core.testing import (
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
+from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +167,7 @@ def restore(served: Served) -> Iterator[Served]:
 
 
 class InProcessTrainer:
-    """Test double of ``TrainController`` for the weight updaters: a transformers model in this process.
+    """Test double of ``TrainWorkerGroup`` for the weight updaters: a transformers model in this process.
 
     ``disk`` uses ``save_hf``; ``xccl`` opens the engine's own weight channel in this process (as
     trainer rank 0) and sends its parameters through it, like the training workers do.

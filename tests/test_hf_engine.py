@@ -22,13 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import Router
-from areal_core.errors import ArealError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.hf_engine.generator import sample
-from areal_core.platform import CpuPlatform
-from areal_core.scheduler.base import free_port
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.http_engine import Router
+from areal_core.api.errors import ArealError
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.engine_hf.generator import sample
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
@@ -40,7 +40,7 @@ from areal_core.testing import (
     wait_for,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import flatten_bucket, open_channel, unflatten_bucket
+from areal_core.api.weight_channel import flatten_bucket, open_channel, unflatten_bucket
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [12], [5, 6, 7, 8, 9], [20, 3], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9]]
 LOGPROB_ATOL = 1e-4  # fp32 server vs fp32 recomputation; batching changes summation order only
@@ -346,7 +346,7 @@ def test_load_refuses_paths_outside_the_run_dir(served: Served, tmp_path: Path) 
 
 
 class _Tensors:
-    """A fixed :class:`~areal_core.weight_channel.TensorSource`."""
+    """A fixed :class:`~areal_core.api.weight_channel.TensorSource`."""
 
     def __init__(self, named: dict[str, torch.Tensor]) -> None:
         self.named = named

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from areal_core.config import load_config
-from areal_core.errors import ConfigError
-from areal_core.hub import is_hub_id, snapshot
+from areal_core.api.errors import ConfigError
+from areal_core.api.hub import is_hub_id, snapshot
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_core.control import CONTROL_FILE, control_call
-from areal_core.errors import ArealError
+from areal_core.control_endpoint import CONTROL_FILE, control_call
+from areal_core.api.errors import ArealError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "examples" / "quickstart" / "config.yaml")

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from areal_core.config import LoraConfig, load_config
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.errors import ConfigError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.errors import ConfigError
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
@@ -30,7 +30,7 @@ from areal_core.testing import (
     pause_while_running,
     perturbed_model,
 )
-from areal_core.train.engine import TrainEngine
+from areal_core.train.fsdp_policy import FSDPPolicy
 from test_train_controller import ADVANTAGES, controller, make_config, on_policy, raw_trajs
 from test_train_engine import make_batch, make_engine, model_path, process_group  # noqa: F401 - fixtures
 
@@ -182,7 +182,7 @@ def policy(process_group, model_path, tmp_path) -> Policy:
     perturbed_model(model_path, seed=0).save_pretrained(base_dir)
     config = attrs.evolve(config, model=attrs.evolve(config.model, path=str(base_dir)))
     algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
-    engine = TrainEngine(config, CpuPlatform(), str(base_dir), algorithm)
+    engine = FSDPPolicy(config, CpuPlatform(), str(base_dir), algorithm)
     engine.initialize()
     return Policy(engine, config, base_dir)
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from areal_core.config import load_config
-from areal_core.errors import ConfigError
-from areal_core.platform import CpuPlatform
-from areal_core.scheduler.base import (
+from areal_core.api.errors import ConfigError
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.api.scheduler import (
     BIND_HOST,
     HOST,
     NODE_HOST_ENV,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from areal_core.errors import ConfigError, PluginError
-from areal_core.platform import CpuPlatform, Platform, activate_platform, current_platform, resolve_platform
+from areal_core.api.errors import ConfigError, PluginError
+from areal_core.api.platform import Platform
+from areal_core.active_platform import current_platform, activate_platform, resolve_platform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 
 
 class _Avail(Platform):

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from areal_core import hookimpl
-from areal_core.errors import PluginError
-from areal_core.plugins import load_plugins
+from areal_core.api import API_VERSION, hookimpl
+from areal_core.api.errors import PluginError
+from areal_core.plugins import api_mismatch, load_plugins
 
 
 class _FakeDist:
@@ -135,3 +135,37 @@ def test_configure_hook_threads_config(areal_plugins):
     areal_plugins.add_hooks("seed", areal_configure=lambda config: attrs.evolve(config, seed=config.seed + 1))
     areal_plugins.add_hooks("noop", areal_configure=lambda config: None)
     assert areal_plugins.load().configure(Config(seed=4)).seed == 5
+
+
+def test_plugin_outside_its_api_range_is_incompatible_and_skipped(installed, areal_plugins):
+    old = _module("old", areal_register_rewards=lambda register: register("old", "builtins:abs"))
+    old.AREAL_API = ">=0.1,<1"
+    installed("reward_old", "areal-reward-old", old)
+    plugins = load_plugins()
+    info = next(i for i in plugins.infos if i.name == "reward_old")
+    assert info.incompatible == f"it supports areal_core.api >=0.1,<1, this areal-core has API {API_VERSION}; install a matching version"
+    assert "old" not in plugins.names("reward") and not plugins.broken
+    with pytest.raises(PluginError, match="reward 'old' comes from plugin 'reward_old' .* is incompatible: it supports"):
+        plugins.get("reward", "old")
+    current = _module("current", areal_register_rewards=lambda register: register("now", "builtins:abs"))
+    current.AREAL_API = f">={API_VERSION},<{int(API_VERSION.split('.')[0]) + 1}"
+    areal_plugins.add(current, name="reward_now")
+    areal_plugins.add(old, name="reward_old_inline")
+    inline = areal_plugins.load()
+    assert inline.get("reward", "now") is abs and "old" not in inline.names("reward")
+
+
+@pytest.mark.parametrize(
+    ("declared", "fits"), [(None, True), (">=1.0,<2", True), ("==1.0", True), (">1.0", False), ("<1", False), ("!=1.0", False)]
+)
+def test_api_range_check(declared, fits):
+    mod = types.ModuleType("m")
+    if declared is not None:
+        mod.AREAL_API = declared
+    assert (api_mismatch(mod) is None) is fits
+
+
+def test_api_range_that_is_not_a_range_is_named():
+    mod = types.ModuleType("m")
+    mod.AREAL_API = "one point oh"
+    assert api_mismatch(mod) == "AREAL_API = 'one point oh' is not a version range like '>=1.0,<2'"

@@ -9,7 +9,7 @@ import pytest
 
 from areal_core.cli import main
 from areal_core.config import load_config
-from areal_core.errors import ArealError, ConfigError, PluginError
+from areal_core.api.errors import ArealError, ConfigError, PluginError
 from areal_core.resolve import resolve_config
 
 

@@ -25,7 +25,7 @@ import pytest
 from quickstart_runs import LAUNCHER, MARK, marked_pids, run_args, start, wait_until
 from ray_nodes import HEAD_IP, head, node_of, raylet_pid, worker_node
 
-from areal_core.control import control_call
+from areal_core.control_endpoint import control_call
 from areal_core.rollout.ledger import audit, read_ledger
 
 pytest.importorskip("ray")
@@ -96,7 +96,7 @@ def test_servers_on_node_2_trainer_on_node_1_every_address_routable(cluster, tmp
     seen: dict[str, dict] = {}
 
     def observe() -> bool:
-        seen["server"] = placement(mark, b"areal_core.hf_engine.server")
+        seen["server"] = placement(mark, b"areal_core.builtin.engine_hf.server")
         seen["trainer"] = placement(mark, b"areal_core.train.worker")
         return (all(listens for _, listens in seen["server"].values()) and seen["server"] and seen["trainer"]
                 and (run_dir / "control.json").exists()) or proc.poll() is not None
@@ -154,7 +154,7 @@ def test_a_dead_node_s_server_is_replaced_on_node_1_and_no_sample_is_lost(cluste
         # lands with most steps' rollouts still to generate (a step takes well under a second)
         wait_until(lambda: steps_done(run_dir) >= 1 or proc.poll() is not None, 300, "step 1")
         assert proc.poll() is None, proc.stdout.read()[-3000:]
-        ((before, _),) = placement(mark, b"areal_core.hf_engine.server").values()
+        ((before, _),) = placement(mark, b"areal_core.builtin.engine_hf.server").values()
         assert before[0] == DOOMED_IP
         release_spare()
         os.kill(raylet_pid(node3), signal.SIGKILL)  # the node is gone with its server

@@ -27,11 +27,11 @@ from quickstart_runs import (
 )
 
 from areal_core.config import Config, load_config
-from areal_core.errors import ArealError, ConfigError
-from areal_core.platform import CpuPlatform
+from areal_core.api.errors import ArealError, ConfigError
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler import ProcessDiedError, ProcessSpec, make_scheduler
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 from areal_core.scheduler.ray import ACTOR_LOST, RayScheduler
 
 ray = pytest.importorskip("ray")
@@ -205,7 +205,7 @@ def test_a_killed_controller_leaves_no_process(ray_address, marks):
     driver = textwrap.dedent(f"""
         import time
         from areal_core.config import load_config
-        from areal_core.platform import CpuPlatform
+        from areal_core.builtin.platform_cpu.platform import CpuPlatform
         from areal_core.scheduler import ProcessSpec, make_scheduler
         config = load_config(None, ["scheduler=ray", "ray.address={ray_address}"])
         sched = make_scheduler(config, CpuPlatform())

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.plugins import load_plugins
-from areal_core.rewards.math import extract_final_answer, math_reward
-from areal_core.rewards.synthetic import arith_reward, exact_match, reverse_reward
+from areal_core.builtin.rewards.math import extract_final_answer, math_reward
+from areal_core.builtin.rewards.synthetic import arith_reward, exact_match, reverse_reward
 from areal_core.rollout.reward_runner import RewardRunner
 
 GSM8K_TEST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"

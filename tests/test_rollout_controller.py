@@ -1,4 +1,4 @@
-"""RolloutController: exactly-once consumption, rejection/failure counting, staleness, pause/resume."""
+"""RolloutRunner: exactly-once consumption, rejection/failure counting, staleness, pause/resume."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any, Iterator
 import pytest
 from rollout_doubles import ScriptedEngine
 
-from areal_core.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.rollout.controller import RolloutController
+from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
-from areal_core.rollout.workflow import TokenSequence
-from areal_core.trajectory import Trajectory
+from areal_core.api.workflow import TokenSequence
+from areal_core.api.trajectory import Trajectory
 
 #: Largest version lag of a consumed token per bound, over the controller tests (reported).
 OBSERVED_MAX_LAG: dict[int, int] = {}
@@ -73,11 +73,11 @@ def _jittery_engine(seed: int = 0, slow_every: int = 5) -> ScriptedEngine:
     return ScriptedEngine(delay=lambda r: delays[r.input_ids[1]])
 
 
-def _controller(engine, *, batch_size, eta, max_concurrent=8, version=0) -> RolloutController:
+def _controller(engine, *, batch_size, eta, max_concurrent=8, version=0) -> RolloutRunner:
     staleness = StalenessManager(
         batch_size=batch_size, max_head_offpolicyness=eta, max_concurrent=max_concurrent, version=version
     )
-    return RolloutController(engine, staleness)
+    return RolloutRunner(engine, staleness)
 
 
 def _episodes(batch: list[Trajectory], group_size: int = 2) -> list[str]:
@@ -87,7 +87,7 @@ def _episodes(batch: list[Trajectory], group_size: int = 2) -> list[str]:
     return [g[0].prompt_id for g in groups]
 
 
-def _bump(ctl: RolloutController) -> None:
+def _bump(ctl: RolloutRunner) -> None:
     """A weight update: pause, new version, resume."""
     ctl.pause()
     ctl.set_version(ctl.version + 1)
@@ -159,7 +159,7 @@ def test_a_failed_episode_runs_again_up_to_episode_retries_then_is_dropped():
     for retries, p0_consumed in ((2, True), (1, False)):
         attempts.clear()
         staleness = StalenessManager(batch_size=1, max_head_offpolicyness=4, max_concurrent=1)
-        with RolloutController(ScriptedEngine(), staleness, episode_retries=retries) as ctl:
+        with RolloutRunner(ScriptedEngine(), staleness, episode_retries=retries) as ctl:
             ctl.submit({"id": "p0", "n": 0}, fails_twice)
             ctl.submit({"id": "p1", "n": 1}, fails_twice)
             batch = ctl.wait(1, timeout=60)
@@ -173,7 +173,7 @@ def test_every_episode_failing_aborts_the_batch_with_one_line():
     loader = PromptLoader(_items(4), shuffle=False)
     staleness = StalenessManager(batch_size=2, max_head_offpolicyness=0, max_concurrent=2)
     failures = FailureTracker("episode attempts", "rollout.max_failure_rate", max_rate=0.5, window=6)
-    with RolloutController(ScriptedEngine(), staleness, episode_retries=1, failures=failures) as ctl:
+    with RolloutRunner(ScriptedEngine(), staleness, episode_retries=1, failures=failures) as ctl:
         with pytest.raises(FailureRateError) as info:
             ctl.prepare_batch(loader, GroupWorkflow(fail={f"p{i}" for i in range(4)}), timeout=60)
         stats = ctl.stats
@@ -264,10 +264,10 @@ def test_rlvr_batches_from_real_hf_servers(tmp_path):
     from transformers import AutoTokenizer
 
     from areal_core.config import Config, DatasetConfig, GenerationConfig, ModelConfig, RolloutConfig, TinyModelSpec
-    from areal_core.datasets.synthetic import load_arith
-    from areal_core.hf_engine.client import HFEngine
-    from areal_core.platform import CpuPlatform
-    from areal_core.rewards.synthetic import exact_match
+    from areal_core.builtin.datasets.synthetic import load_arith
+    from areal_core.builtin.engine_hf.client import HFEngine
+    from areal_core.builtin.platform_cpu.platform import CpuPlatform
+    from areal_core.builtin.rewards.synthetic import exact_match
     from areal_core.rollout.reward_runner import RewardRunner
     from areal_core.rollout.rlvr import RLVRWorkflow
     from areal_core.scheduler.local import LocalScheduler
@@ -293,7 +293,7 @@ def test_rlvr_batches_from_real_hf_servers(tmp_path):
         engine = HFEngine(config, CpuPlatform())
         engine.launch_servers(scheduler)
         runner = RewardRunner(exact_match, workers=1, timeout=30)
-        with runner, RolloutController.from_config(engine, config) as ctl:
+        with runner, RolloutRunner.from_config(engine, config) as ctl:
             workflow = RLVRWorkflow(tokenizer, config.gconfig, runner)
             for _ in range(3):
                 batch = ctl.prepare_batch(loader, workflow, timeout=120)

@@ -149,7 +149,7 @@ def test_rollout_gauge_follows_the_limits_through_steps_and_pauses(tmp_path, eta
     from rollout_doubles import ScriptedEngine
     from test_rollout_controller import GroupWorkflow, _items
 
-    from areal_core.rollout.controller import RolloutController
+    from areal_core.rollout.runner import RolloutRunner
     from areal_core.rollout.dataloader import PromptLoader
     from areal_core.rollout.staleness import StalenessManager
 
@@ -157,7 +157,7 @@ def test_rollout_gauge_follows_the_limits_through_steps_and_pauses(tmp_path, eta
     timeline = Timeline(tmp_path / TIMELINE_FILE, batch_size=batch)
     staleness = StalenessManager(batch_size=batch, max_head_offpolicyness=eta, max_concurrent=max_concurrent)
     loader = PromptLoader(_items(20), shuffle=False)
-    with RolloutController(ScriptedEngine(delay=lambda r: 0.002), staleness, timeline=timeline) as ctl:
+    with RolloutRunner(ScriptedEngine(delay=lambda r: 0.002), staleness, timeline=timeline) as ctl:
         for version in range(1, 5):
             ctl.prepare_batch(loader, GroupWorkflow(), timeout=60)
             ctl.pause()

@@ -1,4 +1,4 @@
-"""TrainController with real worker processes (gloo, world size 1 and 2) started by the test."""
+"""TrainWorkerGroup with real worker processes (gloo, world size 1 and 2) started by the test."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController, TrainWorkerError
-from areal_core.train.engine import split_minibatches, token_balanced_shares
+from areal_core.train.worker_group import TrainWorkerGroup, TrainWorkerError
+from areal_core.train.fsdp_policy import split_minibatches, token_balanced_shares
 from areal_core.train.packing import first_fit_decreasing
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 pytestmark = pytest.mark.slow
 CORPUS = ["0123456789+-=? abcdefghij"]
@@ -47,8 +47,8 @@ def make_config(model_path: str, world_size: int) -> Config:
     )
 
 
-def controller(config: Config, scheduler, model_path: str, run_dir) -> TrainController:
-    return TrainController(config, CpuPlatform(), scheduler, model_path, run_dir)
+def controller(config: Config, scheduler, model_path: str, run_dir) -> TrainWorkerGroup:
+    return TrainWorkerGroup(config, CpuPlatform(), scheduler, model_path, run_dir)
 
 
 def raw_trajs(seed: int = 0) -> list[Trajectory]:

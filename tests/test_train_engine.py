@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import OptimizerConfig, TinyModelSpec, load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.engine import (
-    TrainEngine,
+from areal_core.train.fsdp_policy import (
+    FSDPPolicy,
     split_minibatches,
     token_balanced_shares,
 )
 from areal_core.train.optim import lr_factor
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 CORPUS = ["0123456789+-=? abcdefghij"]
 
@@ -46,15 +46,15 @@ def model_path(tmp_path_factory):
     return str(ensure_tiny_model(TinyModelSpec(), CORPUS, tmp_path_factory.mktemp("models"), seed=0))
 
 
-def make_engine(model_path: str, *overrides: str) -> TrainEngine:
+def make_engine(model_path: str, *overrides: str) -> FSDPPolicy:
     config = load_config(None, [f"model.path={model_path}", "actor.max_tokens_per_mb=96", *overrides])
     algorithm = load_plugins(autoload=False).get("algorithm", config.actor.algorithm)(config.actor)
-    engine = TrainEngine(config, CpuPlatform(), model_path, algorithm)
+    engine = FSDPPolicy(config, CpuPlatform(), model_path, algorithm)
     engine.initialize()
     return engine
 
 
-def make_batch(engine: TrainEngine, n: int = 8, seed: int = 0) -> tuple[list[Trajectory], list[float]]:
+def make_batch(engine: FSDPPolicy, n: int = 8, seed: int = 0) -> tuple[list[Trajectory], list[float]]:
     """On-policy trajectories of random tokens (behaviour log-probs from the engine itself) and
     alternating +1/-1 advantages."""
     rng = random.Random(seed)
@@ -80,11 +80,11 @@ def make_batch(engine: TrainEngine, n: int = 8, seed: int = 0) -> tuple[list[Tra
     return trajs, [1.0 if i % 2 else -1.0 for i in range(n)]
 
 
-def params(engine: TrainEngine) -> dict[str, torch.Tensor]:
+def params(engine: FSDPPolicy) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in engine.iter_full_tensors()}
 
 
-def seq_logprob_sums(engine: TrainEngine, trajs: list[Trajectory]) -> list[float]:
+def seq_logprob_sums(engine: FSDPPolicy, trajs: list[Trajectory]) -> list[float]:
     logps = engine.compute_logprobs([t.input_ids for t in trajs])
     return [sum(lp for lp, m in zip(logp, t.loss_mask) if m) for logp, t in zip(logps, trajs)]
 
@@ -198,7 +198,7 @@ def test_recompute_prox_equals_a_separate_pass(process_group, model_path, miniba
         make_engine(model_path).ppo_update(trajs, adv, [t.logprobs for t in trajs], recompute_prox=True)
 
 
-def grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
+def grads(engine: FSDPPolicy) -> dict[str, torch.Tensor]:
     """Full gradients left by the last optimizer step (the engine zeroes them at the next one)."""
     return {name: p.grad.full_tensor().clone() for name, p in engine.model.lm.named_parameters()}
 

@@ -14,11 +14,11 @@ import pytest
 from quickstart_runs import LAUNCHER, assert_same_params, cmdline, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import TinyModelSpec, load_config
-from areal_core.platform import CpuPlatform
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController, TrainWorkerError
-from areal_core.trajectory import Trajectory
+from areal_core.train.worker_group import TrainWorkerGroup, TrainWorkerError
+from areal_core.api.trajectory import Trajectory
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def model_path(tmp_path_factory) -> str:
 def trainer(model_path, tmp_path):
     config = load_config(None, [f"model.path={model_path}", "actor.world_size=1"])
     with LocalScheduler(CpuPlatform()) as scheduler:
-        controller = TrainController(config, CpuPlatform(), scheduler, model_path, tmp_path)
+        controller = TrainWorkerGroup(config, CpuPlatform(), scheduler, model_path, tmp_path)
         controller.start()
         yield controller
         controller.stop()

@@ -29,14 +29,14 @@ import pytest
 import torch
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import HTTPServerEngine
-from areal_core.errors import ArealError, ProcessFailedError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.hf_engine.server import FAIL_COMMIT_ENV
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.http_engine import HTTPServerEngine
+from areal_core.api.errors import ArealError, ProcessFailedError
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
-from areal_core.rollout.controller import RolloutController
+from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.fleet import ServerFleet
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
 from areal_core.rollout.staleness import StalenessManager
@@ -48,9 +48,9 @@ from areal_core.testing import (
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.trajectory import Trajectory
-from areal_core.weight_channel import ChannelSpec, WeightChannel, open_channel
-from areal_core.weights import WeightUpdateError
+from areal_core.api.trajectory import Trajectory
+from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel
+from areal_core.api.weights import WeightUpdateError
 
 DEADLINE_S = 10.0
 EPISODES = 4  # running through every fault
@@ -110,7 +110,7 @@ class FaultyTrainer:
             self._channel = None
 
     @staticmethod
-    def _as_areal_error(call: Callable[[], None]) -> None:  # as TrainController reports a channel failure
+    def _as_areal_error(call: Callable[[], None]) -> None:  # as TrainWorkerGroup reports a channel failure
         try:
             call()
         except ArealError:
@@ -186,7 +186,7 @@ class Rig:
     fleet: ServerFleet
     trainer: Any
     updater: Any
-    rollout: RolloutController
+    rollout: RolloutRunner
     ledger_path: Path
     submitted: int = 0
 
@@ -250,7 +250,7 @@ def start_rig(config: Config, engine: HTTPServerEngine, scheduler: LocalSchedule
     ledger.record("start", version=0, recovered=False)
     fleet = stack.enter_context(ServerFleet(engine, config, ledger))
     staleness = StalenessManager(batch_size=EPISODES, max_head_offpolicyness=100, max_concurrent=EPISODES)
-    rollout = stack.enter_context(RolloutController(engine, staleness, ledger, episode_retries=1))
+    rollout = stack.enter_context(RolloutRunner(engine, staleness, ledger, episode_retries=1))
     r = Rig(config, engine, scheduler, fleet, trainer, updater, rollout, ledger_path)
     r.update(1)
     r.assert_consistent()

@@ -8,12 +8,12 @@ import pytest
 from rollout_doubles import ScriptedEngine
 
 from areal_core.config import GenerationConfig
-from areal_core.engine import GenerationRequest
-from areal_core.rewards.synthetic import exact_match
+from areal_core.api.engine import GenerationRequest
+from areal_core.builtin.rewards.synthetic import exact_match
 from areal_core.rollout.multi_turn import FEEDBACK, MultiTurnWorkflow
 from areal_core.rollout.reward_runner import RewardRunner
 from areal_core.rollout.rlvr import RLVRWorkflow
-from areal_core.rollout.workflow import encode_chat
+from areal_core.api.workflow import encode_chat
 from areal_core.tiny_model import build_char_tokenizer
 
 DATA = {"id": "arith-3+4", "prompt": "3+4=", "answer": "7"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import reward_fns_for_tests as fns
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 from areal_core.config import Config
 from areal_core.launcher import script_main
 from areal_core.plugins import load_plugins

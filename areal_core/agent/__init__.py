@@ -6,9 +6,11 @@ with a session key as its API key; it never imports areal-core. See docs/agents.
 
 from areal_core.agent.export import ExportMode, discount, export_session
 from areal_core.agent.openai_api import RequestError
-from areal_core.agent.proxy import AgentProxy, ProxyServer, Reply
+from areal_core.agent.proxy import AgentProxy, Reply
+from areal_core.agent.proxy_server import ProxyServer
 from areal_core.agent.sessions import Completion, Session, SessionStore
-from areal_core.agent.tool_parsers import ToolCall, ToolParser, tool_parser
+from areal_core.agent.parser_choice import tool_parser
+from areal_core.api.tool_call import ToolParser, ToolCall
 from areal_core.agent.workflow import (
     AgentFn,
     AgentWorkflow,

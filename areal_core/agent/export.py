@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from areal_core.agent.sessions import Completion, Session
-from areal_core.engine import GenerationResponse
-from areal_core.rollout.workflow import TokenSequence
-from areal_core.trajectory import Trajectory
+from areal_core.api.engine import GenerationResponse
+from areal_core.api.workflow import TokenSequence
+from areal_core.api.trajectory import Trajectory
 
 ExportMode = Literal["individual", "concat"]
 

@@ -27,7 +27,7 @@ from areal_core.agent.openai_out import (
 )
 from areal_core.agent.sessions import Session, UnknownCompletion
 from areal_core.agent.sse import stream
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 if TYPE_CHECKING:
     from areal_core.agent.proxy import AgentProxy, Reply

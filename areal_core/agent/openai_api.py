@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64

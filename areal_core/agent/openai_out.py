@@ -8,7 +8,7 @@ from typing import Any
 from areal_core.agent.openai_api import chat_tool_call
 from areal_core.agent.proxy import Reply
 from areal_core.agent.sse import DONE, Event
-from areal_core.agent.tool_parsers import ToolCall
+from areal_core.api.tool_call import ToolCall
 
 
 def usage(replies: list[Reply]) -> dict[str, int]:

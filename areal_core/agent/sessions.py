@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 
 @attrs.frozen(kw_only=True)

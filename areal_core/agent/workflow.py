@@ -4,7 +4,7 @@ An agent is either an async function ``agent(base_url, api_key, data) -> reward 
 the rollout loop, or a program (``agent.command``) run per sample with ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY`` set and the task item as JSON on stdin; its reward is the last stdout line
 (a number or ``{"reward": r}``), else whatever it set through ``POST /v1/reward``. Either way
-the agent only sees an OpenAI endpoint and a session key. The rollout controller runs the
+the agent only sees an OpenAI endpoint and a session key. The rollout runner runs the
 episodes, so the staleness bound and interruptible generation apply as to any workflow.
 """
 
@@ -18,12 +18,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_core.agent.export import ExportMode, export_session
-from areal_core.agent.proxy import AgentProxy, ProxyServer
-from areal_core.agent.tool_parsers import tool_parser
-from areal_core.engine import InferenceEngine
-from areal_core.errors import ArealError
+from areal_core.agent.proxy import AgentProxy
+from areal_core.agent.proxy_server import ProxyServer
+from areal_core.agent.parser_choice import tool_parser
+from areal_core.api.engine import InferenceEngine
+from areal_core.api.errors import ArealError
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from areal_core.trainer import WorkflowFactory, _Planes
@@ -154,7 +155,7 @@ def agent_workflow(agent: AgentFn | None = None) -> WorkflowFactory:
         )
         command = list(config.agent.command)
         if agent is None and not command:
-            from areal_core.errors import ConfigError
+            from areal_core.api.errors import ConfigError
 
             raise ConfigError("agent.command", "is empty; set the agent program to run or pass an agent function")
         workflow = AgentWorkflow(

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,7 +25,7 @@ def script_main(main: Callable[[Config], object], argv: Sequence[str] | None = N
     import logging
     import sys
 
-    from areal_core.errors import ArealError
+    from areal_core.api.errors import ArealError
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -18,8 +18,8 @@ import sys
 from typing import Sequence
 
 from areal_core.config import config_and_overrides
-from areal_core.control import remove_stale_control
-from areal_core.errors import ArealError
+from areal_core.control_endpoint import remove_stale_control
+from areal_core.api.errors import ArealError
 from areal_core.scheduler.local import die_with_parent
 
 STOP_GRACE_SECONDS = 30.0

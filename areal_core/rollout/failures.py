@@ -13,7 +13,7 @@ import threading
 
 import attrs
 
-from areal_core.errors import ArealError
+from areal_core.api.errors import ArealError
 
 _REASON_CHARS = 160
 _REASONS_SHOWN = 3

@@ -1,6 +1,6 @@
 """ServerFleet: keeps the inference plane serving while servers die, are replaced or are added.
 
-The engine (every :class:`~areal_core.engine_http.HTTPServerEngine`) already drops a server it
+The engine (every :class:`~areal_core.api.http_engine.HTTPServerEngine`) already drops a server it
 finds lost and moves its requests elsewhere; the fleet adds what needs a view of the whole run:
 
 - a health thread that checks every server each ``rollout.health_check_interval`` seconds, so a
@@ -20,15 +20,17 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from areal_core.errors import ArealError, ProcessFailedError
+from areal_core.api.engine import SupportsElasticFleet
+from areal_core.api.errors import ArealError, ProcessFailedError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.engine import InferenceEngine
+    from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
     from areal_core.rollout.ledger import Ledger
-    from areal_core.scheduler.base import ProcessHandle
+    from areal_core.api.scheduler import ProcessHandle
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ class ServerFleet:
     """Health checks, replacements, additions and fleet-aware weight updates (see module docstring)."""
 
     def __init__(self, engine: InferenceEngine, config: Config, ledger: Ledger | None = None) -> None:
-        self.engine = engine
+        self.engine = engine if isinstance(engine, SupportsElasticFleet) else FixedFleet(engine)
         self.config = config
         self.ledger = ledger
         self._lock = threading.Lock()
@@ -141,7 +143,7 @@ class ServerFleet:
     # ------------------------------------------------------------------ probing
     def probe(self, input_ids: list[int], max_new_tokens: int) -> list[dict[str, Any]]:
         """Greedy generation of ``input_ids`` on every serving server: address, output ids, log-probs, versions."""
-        from areal_core.engine import GenerationRequest, SamplingParams
+        from areal_core.api.engine import GenerationRequest, SamplingParams
 
         sampling = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
 
@@ -181,3 +183,40 @@ class ServerFleet:
         finally:
             with self._lock:
                 self._starting -= 1
+
+
+class FixedFleet:
+    """The fleet view of an engine without :class:`SupportsElasticFleet`: its servers never change."""
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self.name = engine.name
+
+    def members(self) -> tuple[str, ...]:
+        return ()
+
+    def pending_servers(self) -> tuple[str, ...]:
+        return ()
+
+    async def agenerate_on(self, address: str, request: GenerationRequest) -> GenerationResponse:
+        raise NotImplementedError(f"engine {self.name!r} cannot address one server")
+
+    def start_server(self, scheduler: object = None) -> str:
+        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+
+    def add_server(self, address: str) -> None:
+        raise NotImplementedError(f"engine {self.name!r} cannot add servers at run time")
+
+    def remove_server(self, address: str, reason: str = "removed") -> bool:
+        raise NotImplementedError(f"engine {self.name!r} cannot remove servers at run time")
+
+    def server_lost(self, address: str) -> bool:
+        return False
+
+    def join_pending(self) -> list[str]:
+        return []
+
+    def open_traffic(self, addresses: Sequence[str], version: int) -> None:
+        pass
+
+    def server_handles(self) -> list[ProcessHandle]:
+        return []

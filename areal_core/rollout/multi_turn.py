@@ -11,16 +11,16 @@ import asyncio
 from typing import Any
 
 from areal_core.config import GenerationConfig
-from areal_core.datasets import reward_data
-from areal_core.engine import GenerationRequest, InferenceEngine
-from areal_core.rollout.workflow import (
+from areal_core.api.dataset import reward_data
+from areal_core.api.engine import GenerationRequest, InferenceEngine
+from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
     encode_chat,
     sampling_params,
     stop_at_strings,
 )
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 FEEDBACK = "Your answer is wrong. Please try again."
 

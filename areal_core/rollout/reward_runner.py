@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from areal_core.reward import RewardFn, call_reward
+from areal_core.api.reward import RewardFn, call_reward
 from areal_core.rollout.failures import FailureTracker
 
 logger = logging.getLogger(__name__)

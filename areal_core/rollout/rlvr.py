@@ -8,10 +8,10 @@ from typing import Any
 import attrs
 
 from areal_core.config import GenerationConfig
-from areal_core.datasets import reward_data
-from areal_core.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
+from areal_core.api.dataset import reward_data
+from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine, SamplingParams
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.rollout.workflow import (
+from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
     encode_chat,
@@ -19,7 +19,7 @@ from areal_core.rollout.workflow import (
     sampling_params,
     stop_at_strings,
 )
-from areal_core.trajectory import Trajectory
+from areal_core.api.trajectory import Trajectory
 
 PROMPT_CACHE_SIZE = 4096  # token ids of this many recent prompts are kept
 

@@ -26,7 +26,7 @@ class Ticket:
 
 
 class StalenessManager:
-    """Single-threaded bookkeeping; the rollout controller serialises calls under its lock."""
+    """Single-threaded bookkeeping; the rollout runner serialises calls under its lock."""
 
     def __init__(
         self,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_core.scheduler.base import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
+from areal_core.api.scheduler import ProcessDiedError, ProcessHandle, ProcessSpec, Scheduler
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 __all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "make_scheduler"]
 

@@ -11,10 +11,10 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
-from areal_core.errors import ArealError
-from areal_core.platform import Platform
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, fill_addresses, node_addresses
-from areal_core.scheduler.devices import physical_devices
+from areal_core.api.errors import ArealError
+from areal_core.api.platform import Platform
+from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler, fill_addresses, node_addresses
+from areal_core.api.devices import physical_devices
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "AREAL_NUM_THREADS")
 

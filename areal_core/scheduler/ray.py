@@ -18,7 +18,7 @@ accelerator, the device ids Ray assigned to the actor: ``spec.devices`` only say
 Liveness and stop go through the actor; an actor that died counts as a dead process.
 
 Addresses come from the node: the actor fills the spec's address placeholders
-(:data:`~areal_core.scheduler.base.BIND_HOST`, ``HOST``, ``PORT``) with ``cluster.bind_host`` or
+(:data:`~areal_core.api.scheduler.BIND_HOST`, ``HOST``, ``PORT``) with ``cluster.bind_host`` or
 the node IP Ray reports, and a port free there; the handle advertises that node address. With
 ``actor.weight_update=disk`` every process's node must see the controller's ``fileroot``: for a
 process on another node than the controller's, the controller writes a probe file in the run
@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
-from areal_core.errors import ArealError, ConfigError
-from areal_core.scheduler.base import ProcessHandle, ProcessSpec, Scheduler, fill_addresses, node_addresses
+from areal_core.api.errors import ArealError, ConfigError
+from areal_core.api.scheduler import ProcessHandle, ProcessSpec, Scheduler, fill_addresses, node_addresses
 from areal_core.scheduler.local import LocalProcess, spawn
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api.platform import Platform
 
 ACTOR_LOST = -1  # returncode of a process whose actor died: its own exit code is unknown
 _RPC_TIMEOUT_S = 30.0  # a poll that takes longer (the actor is busy stopping) reports "still running"

@@ -1,8 +1,9 @@
-"""Training worker process: one rank of the FSDP2 engine, driven by the controller over RPC.
+"""Training worker process: one rank of the FSDP2 policy, driven by the controller over RPC.
 
 ``python -m areal_core.train.worker --rank R --world-size W --controller 127.0.0.1:PORT``
 connects back to the controller (authkey from ``AREAL_TRAIN_AUTHKEY``), then runs the commands it
-receives (pickled attrs objects below) until :class:`Shutdown` or the controller goes away.
+receives (:class:`Build`, then :class:`Op` s of the :data:`OPS` table) until :class:`Shutdown` or the
+controller goes away.
 torch.distributed reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment.
 """
 
@@ -18,9 +19,7 @@ import attrs
 
 if TYPE_CHECKING:
     from areal_core.config import Config
-    from areal_core.train.engine import TrainEngine
-    from areal_core.trajectory import Trajectory
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.train.fsdp_policy import FSDPPolicy
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
 
@@ -43,90 +42,47 @@ class Reply:
 
 @attrs.frozen
 class Build:
-    """Create the engine: process group, sharded model, optimizer."""
+    """Create the policy: process group, sharded model, optimizer."""
 
     config: Config
     model_path: str
 
-    def build(self) -> TrainEngine:
-        from areal_core.platform import current_platform
+    def build(self) -> FSDPPolicy:
+        from areal_core.active_platform import current_platform
         from areal_core.plugins import load_plugins
-        from areal_core.train.engine import TrainEngine
+        from areal_core.train.fsdp_policy import FSDPPolicy
 
         algorithm = load_plugins().get("algorithm", self.config.actor.algorithm)(self.config.actor)
-        engine = TrainEngine(self.config, current_platform(), self.model_path, algorithm)
+        engine = FSDPPolicy(self.config, current_platform(), self.model_path, algorithm)
         engine.initialize()
         return engine
 
 
-@attrs.frozen
-class ComputeLogprobs:
-    sequences: list[list[int]]
-
-    def run(self, engine: TrainEngine) -> list[list[float]]:
-        return engine.compute_logprobs(self.sequences)
-
-
-@attrs.frozen
-class TrainStep:
-    trajs: list[Trajectory]
-    advantages: list[float]
-    prox_logprobs: list[list[float]] | None
-    recompute_prox: bool = False
-
-    def run(self, engine: TrainEngine) -> dict[str, float]:
-        return engine.ppo_update(self.trajs, self.advantages, self.prox_logprobs, recompute_prox=self.recompute_prox)
+#: Every training operation, declared once: its name (what commands and error messages carry) ->
+#: the :class:`FSDPPolicy` method each rank runs. Workers dispatch through it; the controller's
+#: :class:`~areal_core.train.worker_group.TrainWorkerGroup` sends :class:`Op` s naming its keys.
+OPS: dict[str, str] = {
+    "ComputeLogprobs": "compute_logprobs",
+    "TrainStep": "ppo_update",
+    "SaveHF": "save_hf",
+    "SaveCheckpoint": "save_checkpoint",
+    "LoadCheckpoint": "load_checkpoint",  # returns the restored step
+    "OpenWeightChannel": "open_weight_channel",  # returns an error message or None
+    "SendWeights": "send_weights",  # all ranks gather, rank 0 sends; returns an error message or None
+    "CloseWeightChannel": "close_weight_channel",
+}
 
 
 @attrs.frozen
-class SaveHF:
-    path: str
+class Op:
+    """One training operation for every rank: a key of :data:`OPS` and its method's arguments."""
 
-    def run(self, engine: TrainEngine) -> None:
-        engine.save_hf(self.path)
+    name: str = attrs.field(validator=attrs.validators.in_(OPS))
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = attrs.Factory(dict)
 
-
-@attrs.frozen
-class SaveCheckpoint:
-    path: str
-
-    def run(self, engine: TrainEngine) -> None:
-        engine.save_checkpoint(self.path)
-
-
-@attrs.frozen
-class LoadCheckpoint:
-    path: str
-
-    def run(self, engine: TrainEngine) -> int:
-        engine.load_checkpoint(self.path)
-        return engine.step
-
-
-@attrs.frozen
-class OpenWeightChannel:
-    """Open the engine's weight channel (rank 0 joins the servers); returns an error message or None."""
-
-    spec: ChannelSpec
-
-    def run(self, engine: TrainEngine) -> str | None:
-        return engine.open_weight_channel(self.spec)
-
-
-@attrs.frozen
-class SendWeights:
-    """All ranks gather, rank 0 sends through the channel; returns an error message or None."""
-
-    version: int
-
-    def run(self, engine: TrainEngine) -> str | None:
-        return engine.send_weights(self.version)
-
-
-@attrs.frozen
-class CloseWeightChannel:
-    def run(self, engine: TrainEngine) -> None:
-        engine.close_weight_channel()
+    def run(self, engine: FSDPPolicy) -> Any:
+        return getattr(engine, OPS[self.name])(*self.args, **self.kwargs)
 
 
 @attrs.frozen
@@ -134,9 +90,14 @@ class Shutdown:
     """Release the process group and exit."""
 
 
+def command_name(cmd: object) -> str:
+    """``TrainStep``, ``Build``, ...: how messages name a command."""
+    return cmd.name if isinstance(cmd, Op) else type(cmd).__name__
+
+
 def serve(conn: Connection, rank: int) -> None:
     """Answer commands until :class:`Shutdown` or EOF (the controller exited)."""
-    engine: TrainEngine | None = None
+    engine: FSDPPolicy | None = None
     try:
         while True:
             try:
@@ -150,7 +111,7 @@ def serve(conn: Connection, rank: int) -> None:
                 if isinstance(cmd, Build):
                     engine, value = cmd.build(), None
                 elif engine is None:
-                    raise RuntimeError(f"{type(cmd).__name__} arrived before Build; the controller must build first")
+                    raise RuntimeError(f"{command_name(cmd)} arrived before Build; the controller must build first")
                 else:
                     value = cmd.run(engine)
                 conn.send(Reply(rank, value if rank == 0 else None))

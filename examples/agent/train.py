@@ -15,7 +15,8 @@ import attrs
 
 from areal_core.agent import agent_workflow
 from areal_core.config import Config
-from areal_core.datasets import corpus, load_dataset
+from areal_core.api.dataset import corpus
+from areal_core.dataset_loading import load_dataset
 from areal_core.launcher import script_main
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.trainer import Trainer

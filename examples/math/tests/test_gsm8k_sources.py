@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from areal_core.config import DatasetConfig
-from areal_core.datasets.gsm8k import load_gsm8k
-from areal_core.errors import ConfigError
+from areal_core.builtin.datasets.gsm8k import load_gsm8k
+from areal_core.api.errors import ConfigError
 
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k"
 ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(5)]

@@ -32,8 +32,8 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from areal_core.errors import ArealError
-from areal_core.weight_channel import (
+from areal_core.api.errors import ArealError
+from areal_core.api.weight_channel import (
     Bucket,
     FlatBucketChannel,
     TensorSource,

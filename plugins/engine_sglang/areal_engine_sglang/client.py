@@ -1,7 +1,7 @@
 """SGLangEngine: the ``sglang`` inference engine, a client of SGLang servers' native HTTP API.
 
 Generation is ``/generate`` with token ids and ``return_logprob``. ``pause()`` closes the shared
-:class:`~areal_core.engine_http.PauseGate` and calls ``/pause_generation`` (mode ``abort``): SGLang
+:class:`~areal_core.api.http_engine.PauseGate` and calls ``/pause_generation`` (mode ``abort``): SGLang
 ends every running and queued request with its partial output and holds new ones until
 ``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
 output with the rest of the budget, so one response may carry tokens of two weight versions.
@@ -30,11 +30,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import GenerationRequest
-from areal_core.engine_http import HTTPServerEngine, Segment, SegmentCall, one_call_each
-from areal_core.http_json import answers_ok, get_json
-from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.engine import GenerationRequest
+from areal_core.api.http_engine import HTTPServerEngine, Segment, SegmentCall, one_call_each
+from areal_core.api.http_json import answers_ok, get_json
+from areal_core.api.errors import ArealError
+from areal_core.api.scheduler import ProcessSpec
 from areal_engine_sglang.launch import require_sglang, server_command, server_env
 from areal_engine_sglang.protocol import (
     DiskUpdateBody,
@@ -51,10 +51,10 @@ from areal_engine_sglang.protocol import (
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
-    from areal_core.scheduler.base import Scheduler
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api import Config
+    from areal_core.api.platform import Platform
+    from areal_core.api.scheduler import Scheduler
+    from areal_core.api.weight_channel import ChannelSpec
 
 #: The bearer token (SGLang's ``--api-key``); set it to attach to servers started by hand.
 TOKEN_ENV = "AREAL_SGLANG_TOKEN"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine_http import command_line_flags
-from areal_core.errors import ConfigError
+from areal_core.api.http_engine import command_line_flags
+from areal_core.api.errors import ConfigError
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api import Config
+    from areal_core.api.platform import Platform
 
 SERVER_MODULE = "sglang.launch_server"
 INSTALL_HINT = (

@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from areal_core.engine import SamplingParams
-from areal_core.engine_http import Segment
-from areal_core.errors import ArealError
-from areal_core.hf_engine.protocol import to_json
+from areal_core.api.engine import SamplingParams
+from areal_core.api.http_engine import Segment
+from areal_core.api.errors import ArealError
+from areal_core.api.wire import to_json
 
 if TYPE_CHECKING:
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api.weight_channel import ChannelSpec
 
 __all__ = ["to_json"]
 
 #: ``/update_weights_from_distributed``'s ``load_format`` for one flat uint8 broadcast per bucket:
-#: tensors' raw bytes back to back (``areal_core.weight_channel.flatten_bucket``), each at a byte offset that is
+#: tensors' raw bytes back to back (``areal_core.api.weight_channel.flatten_bucket``), each at a byte offset that is
 #: a multiple of its dtype's size.
 FLAT_BUCKET = "flattened_bucket"
 

@@ -15,7 +15,7 @@ flush after update), ``sglang/srt/utils/weight_versions.py`` (per-token version 
 ``sglang/srt/managers/tokenizer_control_mixin.py``, ``sglang/srt/lora/lora_registry.py`` and
 ``sglang/srt/lora/lora_manager.py`` (their checks and messages).
 
-Generation is transformers through ``areal_core.hf_engine``'s batched :class:`Generator` (real
+Generation is transformers through ``areal_core.builtin.engine_hf``'s batched :class:`Generator` (real
 log-probs, abort); disk reloads use its receiver helpers. The weight group is SGLang's own
 handshake and ``flattened_bucket`` split (:mod:`sglang_weight_group`: SGLang's code where
 ``sglang`` imports, else a FAKE of it), never ours, so a trainer that joins differently fails. Where it
@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from areal_core.hf_engine.generator import Generator
-from areal_core.hf_engine.protocol import GenerateBody, GenerateResult
-from areal_core.hf_engine.receiver import copy_into_model, read_safetensors_dir
-from areal_core.hf_engine.server import load_served_model, run_generator_with
+from areal_core.builtin.engine_hf.generator import Generator
+from areal_core.api.wire import GenerateBody, GenerateResult
+from areal_core.builtin.engine_hf.receiver import copy_into_model, read_safetensors_dir
+from areal_core.builtin.engine_hf.server import load_served_model, run_generator_with
 
 import sglang_weight_group  # a sibling (this file runs as a script): SGLang's own group handshake, or a FAKE
 

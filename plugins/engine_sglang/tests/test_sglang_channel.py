@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_core.scheduler.base import free_port
-from areal_core.weight_channel import Bucket, flatten_bucket
+from areal_core.api.scheduler import free_port
+from areal_core.api.weight_channel import Bucket, flatten_bucket
 from areal_engine_sglang.channel import _check_aligned, join_group, leave_group
 
 SGLANG_PYTHON = os.environ.get("AREAL_SGLANG_PYTHON") or sys.executable

@@ -26,14 +26,14 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.errors import ArealError, ConfigError
-from areal_core.platform import CpuPlatform
-from areal_core.scheduler.base import ProcessSpec, free_port
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.errors import ArealError, ConfigError
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.api.scheduler import ProcessSpec, free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import generate_all, greedy_request, hf_greedy, perturbed_model
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weight_channel import WeightChannel, open_channel
+from areal_core.api.weight_channel import WeightChannel, open_channel
 from areal_engine_sglang.client import SGLangEngine
 from areal_engine_sglang.launch import SERVER_MODULE, server_command
 
@@ -186,7 +186,7 @@ def test_refused_requests_carry_sglangs_error_bodies(served: Served) -> None:
 
 
 class _Tensors:
-    """A :class:`~areal_core.weight_channel.TensorSource` over fixed (name, tensor) pairs."""
+    """A :class:`~areal_core.api.weight_channel.TensorSource` over fixed (name, tensor) pairs."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.named = named

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
 
 from areal_core.config import Config, LoraConfig, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
-from areal_core.errors import ArealError  # noqa: E402
-from areal_core.platform import CpuPlatform  # noqa: E402
+from areal_core.api.errors import ArealError  # noqa: E402
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     check_adapter_updates,

@@ -3,7 +3,9 @@
 Only "module:attr" strings here: discovery must not import vLLM or torch.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
+
+AREAL_API = ">=1.0,<2"  # the areal_core.api versions this plugin supports
 
 
 @hookimpl

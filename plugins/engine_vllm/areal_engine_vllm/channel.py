@@ -3,7 +3,7 @@
 Every training rank builds the backend's ``TrainerInitInfo`` and calls vLLM's
 ``WeightTransferTrainerFactory.trainer_init`` with our client (:class:`ServersSyncClient`: every
 server's bearer-token routes at once) and our weights (a vLLM ``WeightSource`` over the trainer's
-:class:`~areal_core.weight_channel.TensorSource`); each ``send`` is the engine's ``send_weights``
+:class:`~areal_core.api.weight_channel.TensorSource`); each ``send`` is the engine's ``send_weights``
 (start -> update -> finish on every server), ``leave`` its ``shutdown``. The backend is the
 platform's (``ChannelSpec.backend``, set by ``VLLMEngine.weight_channel``): vLLM's ``nccl`` on CUDA,
 vllm-ascend's ``hccl`` on Ascend, our ``areal_gloo`` on CPU (:mod:`areal_engine_vllm.gloo_common`),
@@ -25,8 +25,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from areal_core.errors import ArealError, PluginError
-from areal_core.weight_channel import ChannelSpec, TensorSource, WeightChannel, parse_dtype
+from areal_core.api.errors import ArealError, PluginError
+from areal_core.api.weight_channel import ChannelSpec, TensorSource, WeightChannel, parse_dtype
 from areal_engine_vllm.sync_client import ServersSyncClient
 from areal_engine_vllm.vllm_internals import internal
 

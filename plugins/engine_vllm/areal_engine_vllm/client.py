@@ -3,7 +3,7 @@
 Generation uses vLLM's own ``/v1/completions`` (token ids in; token ids and the sampled tokens'
 log-probs out). Control calls use the ``/areal/*`` routes the plugin adds (see
 :mod:`areal_engine_vllm.routes`). Threading and pausing are those of the ``hf`` engine: the
-shared :class:`~areal_core.engine_http.PauseGate` holds generation between ``pause()`` and
+shared :class:`~areal_core.api.http_engine.PauseGate` holds generation between ``pause()`` and
 ``resume()``, and an aborted request is re-submitted as prompt + partial output with the
 remaining budget, so one response may carry tokens of two weight versions.
 
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import HTTPServerEngine, Segment, SegmentCall, one_call_each
-from areal_core.http_json import answers_ok, get_json
-from areal_core.errors import ArealError
-from areal_core.scheduler.base import ProcessSpec
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.http_engine import HTTPServerEngine, Segment, SegmentCall, one_call_each
+from areal_core.api.http_json import answers_ok, get_json
+from areal_core.api.errors import ArealError
+from areal_core.api.scheduler import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
 from areal_engine_vllm.protocol import (
     SERVED_NAME,
@@ -40,9 +40,9 @@ from areal_engine_vllm.protocol import (
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
-    from areal_core.weight_channel import ChannelSpec
+    from areal_core.api import Config
+    from areal_core.api.platform import Platform
+    from areal_core.api.weight_channel import ChannelSpec
 
 _LABEL = "vllm server"
 _SEED_STRIDE = 1_000_003  # a resumed segment samples with seed * stride + tokens so far

@@ -10,7 +10,7 @@ rank 0) for the rendezvous, then the data plane on its store, here torch's publi
 
 Wire format: each update is one ``update_weights`` call carrying every tensor's name, dtype and
 shape plus how many tensors each bucket holds; the trainer then broadcasts one flat uint8 tensor
-per bucket (``areal_core.weight_channel.flatten_bucket``'s layout).
+per bucket (``areal_core.api.weight_channel.flatten_bucket``'s layout).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Built by vLLM's ``WeightTransferTrainerFactory.trainer_init`` like vLLM's own nc
 rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncClient`` it is given
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
 collective: FSDP gathers), only rank 0 sends. Bucket ``k + 1`` is packed while bucket ``k`` is on the
-wire (``areal_core.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+wire (``areal_core.api.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so rank 0 fails at once instead of at the
 group's timeout.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -21,7 +21,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from areal_core.weight_channel import BucketBroadcast, plan_buckets
+from areal_core.api.weight_channel import BucketBroadcast, plan_buckets
 from areal_engine_vllm.gloo_common import (
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
@@ -29,6 +29,9 @@ from areal_engine_vllm.gloo_common import (
     abort,
     join_group,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):

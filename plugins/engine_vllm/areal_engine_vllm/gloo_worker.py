@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-from areal_core.weight_channel import bucket_nbytes, unflatten_bucket
+from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
 from areal_engine_vllm.gloo_common import (
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,

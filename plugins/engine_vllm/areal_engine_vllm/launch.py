@@ -20,8 +20,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine_http import command_line_flags
-from areal_core.errors import ConfigError
+from areal_core.api.http_engine import command_line_flags
+from areal_core.api.errors import ConfigError
 from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
     SERVED_NAME,
@@ -31,8 +31,8 @@ from areal_engine_vllm.protocol import (
 )
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.platform import Platform
+    from areal_core.api import Config
+    from areal_core.api.platform import Platform
 
 _MAX_MODEL_LEN = 4096  # default cap; the model's max_position_embeddings when smaller
 #: The ``--max-lora-rank`` values vLLM accepts.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import attrs
 
-from areal_core.errors import ConfigError
-from areal_core.hf_engine.protocol import VersionBody, from_json, to_json
+from areal_core.api.errors import ConfigError
+from areal_core.api.wire import VersionBody, from_json, to_json
 
 # shared with the hf server: JSON helpers and the version body (same wire format)
 __all__ = ["VersionBody", "from_json", "to_json"]

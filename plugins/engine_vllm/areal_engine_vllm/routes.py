@@ -21,7 +21,7 @@ names ``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
 
 With ``areal_gloo`` (CPU) ``finish_weight_update`` only seals what was staged: the served weights
 change at ``/areal/commit_weights``, which the controller calls on every server once all staged
-(a two-phase commit, :meth:`areal_core.engine_http.HTTPServerEngine.commit_staged`).
+(a two-phase commit, :meth:`areal_core.api.http_engine.HTTPServerEngine.commit_staged`).
 
 The five weight-transfer routes are vLLM's own RL routes (same names and bodies) behind the
 token: vLLM serves those only with ``VLLM_SERVER_DEV_MODE=1``, unauthenticated and next to
@@ -271,7 +271,7 @@ def _check_load_path(path: str) -> Path:
     """The directory to load; under ``AREAL_VLLM_ALLOWED_ROOT`` when set (no '.'-prefixed parts)."""
     root = os.environ.get(ALLOWED_ROOT_ENV)
     if root:
-        from areal_core.hf_engine.receiver import check_load_path
+        from areal_core.api.wire import check_load_path
 
         return check_load_path(path, Path(root))
     target = Path(path).resolve()

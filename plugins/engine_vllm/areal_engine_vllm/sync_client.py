@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from areal_core.weight_channel import post_all
+from areal_core.api.weight_channel import post_all
 
 _LABEL = "vllm server"
 

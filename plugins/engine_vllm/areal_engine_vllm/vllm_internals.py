@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from areal_core.errors import PluginError
+from areal_core.api.errors import PluginError
 
 #: The vLLM series this plugin is tested with (the ``[cuda]`` extra pins ``vllm==0.32.*``).
 TESTED_SERIES = "0.32"

@@ -96,7 +96,7 @@ class ArealWorkerExtension:
 
     def areal_weights_digest(self) -> dict[str, str]:
         """sha256 of every parameter this worker serves (vLLM's layout), by name."""
-        from areal_core.hf_engine.receiver import tensor_digest
+        from areal_core.api.weight_channel import tensor_digest
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         return {name: tensor_digest(param) for name, param in model.named_parameters()}

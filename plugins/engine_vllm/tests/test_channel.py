@@ -17,8 +17,8 @@ from areal_engine_vllm.channel import trainer_init_info  # noqa: E402
 from areal_engine_vllm.protocol import transfer_backend  # noqa: E402
 from areal_engine_vllm.sync_client import ServersSyncClient  # noqa: E402
 
-from areal_core.errors import ArealError, ConfigError, PluginError  # noqa: E402
-from areal_core.weight_channel import ChannelSpec  # noqa: E402
+from areal_core.api.errors import ArealError, ConfigError, PluginError  # noqa: E402
+from areal_core.api.weight_channel import ChannelSpec  # noqa: E402
 
 
 def spec(backend: str, servers: int = 2, ranks_per_server: int = 2) -> ChannelSpec:

@@ -26,9 +26,9 @@ from areal_engine_vllm.client import VLLMEngine  # noqa: E402
 from areal_engine_vllm.launch import server_command  # noqa: E402
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
-from areal_core.errors import ArealError  # noqa: E402
-from areal_core.platform import CpuPlatform  # noqa: E402
-from areal_core.scheduler.base import free_port  # noqa: E402
+from areal_core.api.errors import ArealError  # noqa: E402
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.api.scheduler import free_port  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     generate_all,
@@ -38,7 +38,7 @@ from areal_core.testing import (  # noqa: E402
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
-from areal_core.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
+from areal_core.api.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from areal_engine_vllm.client import VLLMEngine  # noqa: E402
 from areal_engine_vllm.launch import max_lora_rank, server_command, server_env  # noqa: E402
 
 from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, load_config  # noqa: E402
-from areal_core.errors import ArealError, ConfigError  # noqa: E402
-from areal_core.platform import CpuPlatform  # noqa: E402
+from areal_core.api.errors import ArealError, ConfigError  # noqa: E402
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     check_adapter_updates,

@@ -3,7 +3,9 @@
 Discovery imports only :mod:`areal_platform_cuda.platform`, which imports torch lazily.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
+
+AREAL_API = ">=1.0,<2"  # the areal_core.api versions this plugin supports
 
 
 @hookimpl

@@ -15,7 +15,7 @@ import sys
 from importlib.util import find_spec
 from typing import Any, ClassVar
 
-from areal_core.platform import Platform
+from areal_core.api.platform import Platform
 
 #: What the child process runs; prints True/False.
 PROBE_CODE = "import torch; print(torch.cuda.is_available())"

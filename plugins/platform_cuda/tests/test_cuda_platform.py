@@ -10,10 +10,10 @@ import pytest
 import torch
 from areal_platform_cuda.platform import CudaPlatform, probe_in_child
 
-from areal_core.errors import ConfigError
-from areal_core.platform import resolve_platform
+from areal_core.api.errors import ConfigError
+from areal_core.active_platform import resolve_platform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import free_port
+from areal_core.api.scheduler import free_port
 
 on_gpu = pytest.mark.skipif(not CudaPlatform.is_available(), reason="no usable CUDA GPU here")
 

@@ -14,8 +14,8 @@ import os
 from importlib.util import find_spec
 from typing import Any
 
-from areal_core.errors import ArealError
-from areal_core.platform import Platform
+from areal_core.api.errors import ArealError
+from areal_core.api.platform import Platform
 
 #: Environment variables the CANN ``set_env.sh`` scripts export; one set means CANN is set up.
 ASCEND_ENV_VARS: tuple[str, ...] = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")

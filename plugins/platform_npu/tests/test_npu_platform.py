@@ -16,11 +16,11 @@ from areal_platform_npu import platform as npu_platform
 from areal_platform_npu.platform import SERVING_ENV, NpuPlatform
 
 from areal_core.config import load_config
-from areal_core.errors import ArealError, ConfigError
-from areal_core.platform import resolve_platform
+from areal_core.api.errors import ArealError, ConfigError
+from areal_core.active_platform import resolve_platform
 from areal_core.plugins import load_plugins
-from areal_core.scheduler.base import ProcessSpec, free_port
-from areal_core.scheduler.devices import physical_devices, server_devices, trainer_devices
+from areal_core.api.scheduler import ProcessSpec, free_port
+from areal_core.api.devices import physical_devices, server_devices, trainer_devices
 from areal_core.scheduler.local import LocalScheduler
 
 HERE = Path(__file__).parent

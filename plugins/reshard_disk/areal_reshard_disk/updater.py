@@ -16,14 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from areal_core.errors import ArealError
-from areal_core.weights import WeightUpdateError, WeightUpdater
+from areal_core.api.errors import ArealError
+from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.engine import InferenceEngine
-    from areal_core.platform import Platform
-    from areal_core.weights import TrainerHandle
+    from areal_core.api import Config
+    from areal_core.api.engine import InferenceEngine
+    from areal_core.api.platform import Platform
+    from areal_core.api.weights import TrainerHandle
 
 _TMP_PREFIX = ".tmp-v"
 _VERSION_DIR = re.compile(r"v\d+")

@@ -1,6 +1,6 @@
 """The disk weight path end to end: a trainer double writes, two real hf servers load.
 
-``InProcessHFTrainer`` stands in for ``TrainController`` (only ``save_hf`` is used); its
+``InProcessHFTrainer`` stands in for ``TrainWorkerGroup`` (only ``save_hf`` is used); its
 ``train_step`` adds noise to the weights so the greedy answer changes after an update.
 """
 
@@ -15,21 +15,21 @@ import pytest
 import torch
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
-from areal_core.engine import GenerationRequest, GenerationResponse, SamplingParams
-from areal_core.errors import ArealError
-from areal_core.hf_engine.client import HFEngine
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, GenerationResponse, SamplingParams
+from areal_core.api.errors import ArealError
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.weights import WeightUpdateError
+from areal_core.api.weights import WeightUpdateError
 
 PROMPT = [3, 4, 5, 6]
 N_TOKENS = 24
 
 
 class InProcessHFTrainer:
-    """Test double for ``TrainController``: a transformers model in this process with ``save_hf``."""
+    """Test double for ``TrainWorkerGroup``: a transformers model in this process with ``save_hf``."""
 
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer

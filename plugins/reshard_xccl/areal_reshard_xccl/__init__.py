@@ -1,6 +1,8 @@
 """areal-reshard-xccl: registers the ``xccl`` weight updater (``actor.weight_update: xccl``)."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
+
+AREAL_API = ">=1.0,<2"  # the areal_core.api versions this plugin supports
 
 
 @hookimpl

@@ -3,7 +3,7 @@ engine's own weight channel (vLLM's weight-transfer engines, SGLang's group hand
 engine's gloo buckets), over the backend the engine picks for the platform.
 
 This updater is the orchestration only. ``connect`` checks the engine has a channel
-(:class:`~areal_core.engine.SupportsWeightChannel`) and opens it: the engine describes it, every
+(:class:`~areal_core.api.engine.SupportsWeightChannel`) and opens it: the engine describes it, every
 training rank builds it, trainer rank 0 hosts the rendezvous and joins the servers. ``update(v)``
 sends the weights through it and commits them on every server (``engine.commit_weights(v)``).
 Any failure before the commit closes the channel and raises :class:`WeightUpdateError`; the next
@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from areal_core.engine import SupportsWeightChannel
-from areal_core.errors import ArealError, ConfigError, ProcessFailedError
-from areal_core.scheduler.base import free_port
-from areal_core.weights import WeightUpdateError, WeightUpdater
+from areal_core.api.engine import SupportsElasticFleet, SupportsWeightChannel
+from areal_core.api.errors import ArealError, ConfigError, ProcessFailedError
+from areal_core.api.scheduler import free_port
+from areal_core.api.weights import WeightUpdateError, WeightUpdater
 
 if TYPE_CHECKING:
-    from areal_core.config import Config
-    from areal_core.engine import InferenceEngine
-    from areal_core.platform import Platform
-    from areal_core.weights import TrainerHandle
+    from areal_core.api import Config
+    from areal_core.api.engine import InferenceEngine
+    from areal_core.api.platform import Platform
+    from areal_core.api.weights import TrainerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class XcclWeightUpdater(WeightUpdater):
 
     def update(self, version: int) -> None:
         trainer, engine = self._require()
-        if self._members is None or engine.members() != self._members:  # a failed update, or servers came or went
+        members = engine.members() if isinstance(engine, SupportsElasticFleet) else ()
+        if self._members is None or members != self._members:  # a failed update, or servers came or went
             self._open()
         assert isinstance(engine, SupportsWeightChannel)  # checked by connect
         failure = (

@@ -22,17 +22,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.config import Config, TinyModelSpec, load_config
-from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.hf_engine.client import HFEngine
-from areal_core.hf_engine.receiver import tensor_digest
-from areal_core.hf_engine.server import FAIL_COMMIT_ENV
-from areal_core.platform import CpuPlatform
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.api.weight_channel import tensor_digest
+from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.train.controller import TrainController
-from areal_core.trajectory import Trajectory
-from areal_core.weight_channel import plan_buckets
+from areal_core.train.worker_group import TrainWorkerGroup
+from areal_core.api.trajectory import Trajectory
+from areal_core.api.weight_channel import plan_buckets
 from areal_reshard_xccl.updater import WeightUpdateError, XcclWeightUpdater
 
 REPO = Path(__file__).resolve().parents[3]
@@ -81,7 +81,7 @@ def untied_model(tied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @attrs.frozen
 class Rig:
     config: Config
-    trainer: TrainController
+    trainer: TrainWorkerGroup
     engine: HFEngine  # or another engine's client (the vLLM test)
     updater: XcclWeightUpdater
     scheduler: LocalScheduler
@@ -106,14 +106,14 @@ def rig(root: Path, model: Path, servers: int = 1, world_size: int = 1, engine_n
         engine = load_plugins().get("engine", engine_name)(config, CpuPlatform())
         stack.callback(engine.close)
         engine.launch_servers(scheduler)
-        trainer = stack.enter_context(TrainController(config, CpuPlatform(), scheduler, str(model), config.run_dir))
+        trainer = stack.enter_context(TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir))
         updater = load_plugins().get("weight_updater", "xccl")(config, CpuPlatform())
         updater.connect(trainer, engine)
         stack.callback(updater.close)
         yield Rig(config, trainer, engine, updater, scheduler)
 
 
-def train_once(trainer: TrainController, seed: int) -> None:
+def train_once(trainer: TrainWorkerGroup, seed: int) -> None:
     """One PPO step on made-up trajectories: enough to change every weight."""
     trajs = [
         Trajectory(uid=str(i), prompt_id=str(i // 2), input_ids=[3 + i, 5, 7 + seed % 5, 9, 11, 4 + i],
@@ -124,7 +124,7 @@ def train_once(trainer: TrainController, seed: int) -> None:
     trainer.train_step(trajs, [1.0, -1.0, 1.0, -1.0], None)
 
 
-def trainer_digest(trainer: TrainController, path: Path) -> dict[str, str]:
+def trainer_digest(trainer: TrainWorkerGroup, path: Path) -> dict[str, str]:
     """Digest of what the trainer itself publishes (its HF save), independent of the xccl path."""
     from safetensors.torch import load_file
 
@@ -242,7 +242,7 @@ def test_a_bucket_the_servers_refuse_fails_the_update_cleanly(
     with rig(tmp_path, tied_model, servers=2) as r:
         before = r.engine.weights_digest()
         wider = make_config(tmp_path / "wider", wider_model, servers=2, world_size=1)
-        with TrainController(wider, CpuPlatform(), r.scheduler, str(wider_model), wider.run_dir) as other:
+        with TrainWorkerGroup(wider, CpuPlatform(), r.scheduler, str(wider_model), wider.run_dir) as other:
             updater = XcclWeightUpdater(wider, CpuPlatform())
             updater.connect(other, r.engine)
             with pytest.raises(WeightUpdateError, match="does not match the model's"):
@@ -308,7 +308,7 @@ def test_vllm_engine_serves_the_trainers_weights_after_an_xccl_update(tmp_path: 
 def test_lora_over_xccl_needs_an_engine_whose_channel_takes_adapters() -> None:
     from areal_engine_sglang.client import SGLangEngine
 
-    from areal_core.errors import ConfigError
+    from areal_core.api.errors import ConfigError
 
     config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl"])
     updater = XcclWeightUpdater(config, CpuPlatform())

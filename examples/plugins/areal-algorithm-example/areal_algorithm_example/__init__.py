@@ -3,7 +3,7 @@
 Only hook implementations live here; the class is named by path so discovery stays torch-free.
 """
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from areal_core.algorithm import LossInput
-from areal_core.algorithms import GRPO
-from areal_core.algorithms.ppo_loss import PolicyTerms, behaviour_weights, finish_loss, mask_inputs, policy_ratio
+from areal_core.api.algorithm import LossInput
+from areal_core.builtin.algorithms.grpo import GRPO
+from areal_core.builtin.algorithms.ppo_loss import PolicyTerms, behaviour_weights, finish_loss, mask_inputs, policy_ratio
 
 
 class CISPO(GRPO):

@@ -10,8 +10,8 @@ import torch
 
 import areal_algorithm_example
 from areal_algorithm_example.cispo import CISPO
-from areal_core.algorithm import LossInput
-from areal_core.algorithms import GRPO
+from areal_core.api.algorithm import LossInput
+from areal_core.builtin.algorithms.grpo import GRPO
 from areal_core.config import ActorConfig
 from areal_core.plugins import load_plugins
 

@@ -1,6 +1,6 @@
 """areal-reward-example: registers two rewards by ``"module:attr"`` path, so discovery imports nothing else."""
 
-from areal_core import hookimpl
+from areal_core.api import hookimpl
 
 
 @hookimpl

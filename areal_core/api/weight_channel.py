@@ -1,0 +1,295 @@
+"""The weight channel: how the trainer's full tensors reach the inference servers, in each
+engine's own protocol (``actor.weight_update: xccl``).
+
+An engine that supports collective updates implements
+:class:`~areal_core.api.engine.SupportsWeightChannel`: in the controller it describes its channel as
+a :class:`ChannelSpec`; every training rank builds the :class:`WeightChannel` named there (the
+trainer half of the engine's protocol: vLLM's weight-transfer engines, SGLang's group handshake,
+the hf engine's own) and rank 0 joins the servers' group and sends. The controller then commits
+(``engine.commit_weights``). Pause, commit, versions and retries are the weight updater's.
+
+Also here, for the channels that send flat buckets (hf, SGLang): the bucket plan, the flat layout
+(tensors' raw bytes back to back, so one bucket mixes dtypes) and a parallel POST to every server.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import importlib
+import math
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+#: ``(name, dtype, shape)`` of one tensor a channel sends; dtype is a torch name ("bfloat16").
+TensorSpec = tuple[str, str, tuple[int, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class ChannelSpec:
+    """Everything a training rank needs to open an engine's channel (built by the engine)."""
+
+    channel: str  # "module:Class" of the engine's WeightChannel
+    servers: tuple[str, ...]  # server addresses; server i holds ranks 1 + i * ranks_per_server ...
+    token: str  # bearer token of the servers' routes
+    backend: str  # the collective backend the channel uses (gloo, nccl, hccl, ...)
+    master_addr: str  # the rendezvous, hosted by trainer rank 0
+    master_port: int
+    group_name: str
+    bucket_bytes: int
+    timeout_s: float
+    ranks_per_server: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return 1 + len(self.servers) * self.ranks_per_server
+
+    def first_rank(self, server: int) -> int:
+        """The group rank of server ``server``'s first worker."""
+        return 1 + server * self.ranks_per_server
+
+
+class TensorSource(Protocol):
+    """The trainer's weights: declared up front, then iterated (a collective over trainer ranks)."""
+
+    def specs(self) -> list[TensorSpec]: ...
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+class WeightChannel(abc.ABC):
+    """The trainer half of an engine's weight protocol; one instance per training rank.
+
+    Rank 0 is the sender. Every rank calls every method: the others only take part in the
+    trainer-side gathers (they iterate the source).
+    """
+
+    def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.device = device
+
+    @property
+    def is_sender(self) -> bool:
+        return self.rank == 0
+
+    @abc.abstractmethod
+    def join(self) -> None:
+        """Rank 0 forms the group with every server, driving their join through the engine's
+        protocol; returns once all joined (or raises after ``spec.timeout_s``)."""
+
+    @abc.abstractmethod
+    def send(self, source: TensorSource, version: int) -> None:
+        """Send every tensor of ``source`` as weight ``version``; returns once every server holds
+        them (staged, where the engine can stage: the served weights change at the commit)."""
+
+    @abc.abstractmethod
+    def leave(self) -> None:
+        """Abort the group: peers blocked in it fail now instead of at their timeout."""
+
+
+def open_channel(spec: ChannelSpec, *, rank: int, device: torch.device) -> WeightChannel:
+    """The channel ``spec.channel`` names, built for ``rank`` (not joined yet)."""
+    module, _, name = spec.channel.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(spec, rank=rank, device=device)
+
+
+# --------------------------------------------------------------------------- flat buckets
+
+
+@attrs.frozen(kw_only=True)
+class Bucket:
+    """The tensors of one flat broadcast, in order."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}; use a torch dtype name such as 'float32' or 'bfloat16'")
+    return dtype
+
+
+def bucket_nbytes(dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> int:
+    return sum(math.prod(shape) * parse_dtype(d).itemsize for d, shape in zip(dtypes, shapes))
+
+
+def plan_buckets(specs: Sequence[TensorSpec], max_bytes: int) -> list[Bucket]:
+    """Contiguous runs of ``specs`` of at most ``max_bytes`` bytes each; a tensor larger than
+    ``max_bytes`` gets a bucket of its own."""
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes={max_bytes} must be >= 1")
+    runs: list[list[TensorSpec]] = []
+    size = 0
+    for spec in specs:
+        n = bucket_nbytes([spec[1]], [spec[2]])
+        if not runs or (runs[-1] and size + n > max_bytes):
+            runs.append([])
+            size = 0
+        runs[-1].append(spec)
+        size += n
+    return [Bucket(names=[s[0] for s in r], dtypes=[s[1] for s in r], shapes=[list(s[2]) for s in r]) for r in runs]
+
+
+def flatten_bucket(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous uint8 tensor holding every tensor's bytes, in order."""
+    return torch.cat([t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors])
+
+
+def unflatten_bucket(flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Tensors read from ``flat`` (the inverse of :func:`flatten_bucket`); aligned ones are views."""
+    expected = bucket_nbytes(dtypes, shapes)
+    if flat.numel() != expected:
+        raise ValueError(f"bucket holds {flat.numel()} bytes but names/dtypes/shapes describe {expected}")
+    out, offset = [], 0
+    for name, shape in zip(dtypes, shapes):
+        dtype = parse_dtype(name)
+        n = math.prod(shape) * dtype.itemsize
+        part = flat[offset : offset + n]
+        if offset % dtype.itemsize:  # ``view`` needs the byte offset aligned to the dtype: copy
+            part = part.clone()
+        out.append(part.view(dtype).view(tuple(shape)))
+        offset += n
+    return out
+
+
+class SendBuffers:
+    """Two send buffers, used alternately: one is filled while the other is on the wire. They are
+    kept across updates, so their memory is touched once (fresh pages cost more than the copy)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: list[torch.Tensor] = []
+
+    def pack(self, tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
+        """The tensors' bytes, back to back (:func:`flatten_bucket`'s layout), in buffer ``slot``."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        while len(self._buffers) <= slot:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self._buffers[slot].numel() < nbytes:
+            self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        flat, offset = self._buffers[slot][:nbytes], 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+            offset += n
+        return flat
+
+
+class BucketBroadcast:
+    """Rank 0's send loop of a flat-bucket broadcast: each bucket's tensors are read from the
+    source (checked against what the servers were told), packed while the previous bucket is on
+    the wire, and broadcast. ``sending`` tells a failure's cause apart: while a bucket is on the
+    wire, a server's refusal (which aborted it) is the cause; while the source is read, the source."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.buffers = SendBuffers(device)
+        self.sending = False
+
+    def run(self, group: Any, tensors: Iterator[tuple[str, torch.Tensor]], buckets: Sequence[Bucket]) -> None:
+        pending = None
+        try:
+            for index, bucket in enumerate(buckets):
+                self.sending = False
+                parts = [next(tensors) for _ in bucket.names]
+                got = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in parts]
+                declared = list(zip(bucket.names, bucket.dtypes, map(list, bucket.shapes)))
+                if got != declared:
+                    raise ValueError(f"bucket {index}: the source yielded {got[:2]}..., not its declared {declared[:2]}...")
+                self.sending = True
+                flat = self.buffers.pack([t for _, t in parts], index % 2)
+                if pending is not None:
+                    pending.wait()
+                pending = group.broadcast(flat, 0)
+            if pending is not None:
+                pending.wait()
+        except BaseException:
+            pending = group = None  # gloo: peers fail once nothing (this frame included) references the group
+            raise
+        self.sending = False
+        extra = next(tensors, None)
+        if extra is not None:
+            raise ValueError(f"the source yielded {extra[0]!r} beyond the tensors it declared")
+
+
+class FlatBucketChannel(WeightChannel):
+    """A channel that broadcasts flat uint8 buckets from rank 0 over a process group while asking
+    every server to receive each one. Subclasses form the group (``join``) and say how a server
+    receives a bucket (``_receive``); the send loop, double buffering and failure handling are here.
+    """
+
+    def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
+        super().__init__(spec, rank=rank, device=device)
+        self.group: Any = None  # a torch ProcessGroup (or backend) with broadcast(tensor, root)
+        self._broadcast = BucketBroadcast(self.device)
+
+    @abc.abstractmethod
+    def _receive(self, bucket: Bucket, version: int) -> None:
+        """Ask every server to receive ``bucket`` (blocks until all hold it)."""
+
+    def send(self, source: TensorSource, version: int) -> None:
+        if not self.is_sender:
+            for _ in source:  # take part in the gathers
+                pass
+            return
+        if self.group is None:
+            raise RuntimeError("send() before join(): the channel has no group")
+        buckets = plan_buckets(source.specs(), self.spec.bucket_bytes)
+        tensors = iter(source)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-receive") as pool:
+            receiving = pool.submit(self._receive_all, buckets, version)
+            try:
+                self._broadcast.run(self.group, tensors, buckets)
+            except BaseException as exc:
+                self.leave()  # the servers fail now instead of waiting for the rest
+                for _ in tensors:  # finish the gathers with the other ranks
+                    pass
+                server_error = receiving.exception() if self._broadcast.sending else None
+                raise (server_error or exc) from None
+            receiving.result()
+
+    def _receive_all(self, buckets: list[Bucket], version: int) -> None:
+        try:
+            for bucket in buckets:
+                self._receive(bucket, version)
+        except BaseException:
+            self.leave()  # the sender's broadcast fails now too
+            raise
+
+    def leave(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                group.abort()
+            except RuntimeError:  # already broken; nothing to release
+                pass
+
+
+def post_all(
+    servers: Sequence[str], route: str, bodies: Sequence[dict[str, Any]], token: str, timeout: float, label: str
+) -> list[dict[str, Any]]:
+    """POST ``bodies[i]`` to ``servers[i]`` in parallel with the bearer token; every reply, or the
+    first failure as an ArealError."""
+    from areal_core.api.http_json import post_json
+
+    headers = {"Authorization": f"Bearer {token}"}
+    with ThreadPoolExecutor(max_workers=max(1, len(servers)), thread_name_prefix="weights-post") as pool:
+        futures = [pool.submit(post_json, a, route, b, headers, timeout, label) for a, b in zip(servers, bodies)]
+        return [f.result() for f in futures]
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and raw bytes: equal digests mean bit-for-bit equal."""
+    t = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,77 @@
+"""Synthetic verifiable tasks for CPU runs: ``arith`` ("3+4=" -> "7") and ``reverse`` ("rev 123=" -> "321").
+
+Every task is a finite space of items numbered ``0..total-1``; a split is a seeded sample of that
+space. ``options.valid_size`` items are held out for ``valid``; with the default 0, ``valid`` is the
+training set itself (these tasks are small enough that accuracy on them is the measure).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from areal_core.api import DatasetConfig
+from areal_core.api.dataset import dataset_key, dataset_options
+from areal_core.api.errors import ConfigError
+
+#: ``size: 0`` (all items) is refused above this many, so a typo cannot build millions of items.
+MAX_ENUMERATED = 100_000
+
+
+def _select(total: int, config: DatasetConfig, split: str, opts: dict[str, Any]) -> list[int]:
+    """Indices of the items in ``split``: held-out ``valid`` first, then ``size`` for training."""
+    key, valid_size = dataset_key(split), opts["valid_size"]
+    if valid_size < 0 or valid_size >= total:
+        raise ConfigError(f"{key}.options.valid_size", f"must be in [0, {total - 1}] for this task, got {valid_size}")
+    if config.size == 0 and total > MAX_ENUMERATED:
+        raise ConfigError(f"{key}.size", f"0 means all {total} {config.name} items; set a size <= {MAX_ENUMERATED}")
+    n_train = config.size or total - valid_size
+    if valid_size + n_train > total:
+        raise ConfigError(
+            f"{key}.size",
+            f"{config.size} items (+{valid_size} held out) exceed the {total} distinct {config.name} items; "
+            "lower it or widen the task options",
+        )
+    order = random.Random(opts["seed"]).sample(range(total), valid_size + n_train)
+    return order[:valid_size] if split == "valid" and valid_size else order[valid_size:]
+
+
+def _require(ok: bool, split: str, option: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{dataset_key(split)}.options.{option}", message)
+
+
+def load_arith(config: DatasetConfig, split: str) -> list[dict[str, str]]:
+    """Additions ``a+b=`` with operands in ``[min_operand, max_operand]``; answer is the sum."""
+    opts = dataset_options(config, split, {"min_operand": 0, "max_operand": 4, "seed": 0, "valid_size": 0})
+    low, high = opts["min_operand"], opts["max_operand"]
+    _require(low >= 0, split, "min_operand", f"must be >= 0, got {low}")
+    _require(high >= low, split, "max_operand", f"must be >= min_operand ({low}), got {high}")
+    width = high - low + 1
+
+    def item(i: int) -> dict[str, str]:
+        a, b = (low + x for x in divmod(i, width))
+        return {"id": f"arith-{a}+{b}", "prompt": f"{a}+{b}=", "answer": str(a + b)}
+
+    return [item(i) for i in _select(width * width, config, split, opts)]
+
+
+def load_reverse(config: DatasetConfig, split: str) -> list[dict[str, str]]:
+    """Digit strings of length ``[min_len, max_len]`` (uniform over all of them) to write backwards."""
+    opts = dataset_options(config, split, {"min_len": 1, "max_len": 3, "seed": 0, "valid_size": 0})
+    low, high = opts["min_len"], opts["max_len"]
+    _require(low >= 1, split, "min_len", f"must be >= 1, got {low}")
+    _require(high >= low, split, "max_len", f"must be >= min_len ({low}), got {high}")
+    counts = [10**n for n in range(low, high + 1)]
+
+    def item(i: int) -> dict[str, str]:
+        length = low
+        for count in counts:
+            if i < count:
+                break
+            i -= count
+            length += 1
+        digits = str(i).zfill(length)
+        return {"id": f"reverse-{digits}", "prompt": f"rev {digits}=", "answer": digits[::-1]}
+
+    return [item(i) for i in _select(sum(counts), config, split, opts)]

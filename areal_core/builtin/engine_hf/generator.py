@@ -1,0 +1,283 @@
+"""Batched decoding for the hf server: waves of concurrent requests share one KV cache.
+
+A scheduler coroutine takes up to ``max_batch_size`` queued requests, left-pads them into one
+batch (attention mask + position ids + a transformers ``DynamicCache``) and decodes them step
+by step; finished rows leave the batch. Once as many requests wait as are still running, the
+wave ends and its unfinished requests go back to the head of the queue, to be prefilled again
+(prompt + output so far) together with the new ones. Model work runs on one executor thread, so
+weight swaps queued on it land between decode steps. ``pause`` stops a running wave at the next
+step (its requests end with stop reason "abort") and holds the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import attrs
+import torch
+
+from areal_core.api.wire import GenerateBody, GenerateResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@attrs.define
+class _Seq:
+    body: GenerateBody
+    future: asyncio.Future
+    stop_ids: frozenset[int]
+    output_ids: list[int] = attrs.Factory(list)
+    logprobs: list[float] = attrs.Factory(list)
+    versions: list[int] = attrs.Factory(list)
+
+    def context(self) -> list[int]:
+        return self.body.input_ids + self.output_ids
+
+    def finish(self, stop_reason: str) -> None:
+        if not self.future.done():
+            result = GenerateResult(
+                output_ids=self.output_ids, logprobs=self.logprobs, versions=self.versions, stop_reason=stop_reason
+            )
+            self.future.set_result(result)
+
+
+def sample(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row sampling by inverse CDF with one uniform draw per row; returns tokens and their
+    log-probs under log_softmax(logits / temperature).
+
+    The log-prob is of the full temperature-scaled distribution (what the trainer recomputes),
+    not of the top-p-truncated one.
+    """
+    logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
+    sorted_p, order = logp.exp().sort(dim=-1, descending=True)
+    outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]  # mass before it already >= top_p
+    cdf = sorted_p.masked_fill(outside, 0.0).cumsum(-1)
+    target = (uniforms * cdf[:, -1])[:, None].contiguous()
+    choice = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
+    sampled = order.gather(-1, choice).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
+
+
+def row_uniforms(seqs: list[_Seq], gen: torch.Generator) -> torch.Tensor:
+    """One uniform per row: a request with a seed draws from (seed, token position) alone, so its
+    samples do not depend on batching, interruptions or other requests; others use ``gen``."""
+    draws = torch.rand(len(seqs), generator=gen)
+    for row, seq in enumerate(seqs):
+        if seq.body.seed is not None:
+            position = len(seq.body.input_ids) + len(seq.output_ids)
+            row_gen = torch.Generator().manual_seed((seq.body.seed + position * _GOLDEN) % 2**63)
+            draws[row] = torch.rand(1, generator=row_gen)[0]
+    return draws
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class _Batch:
+    """One left-padded batch and its KV cache; every method runs on the model thread."""
+
+    def __init__(self, model: Any, seqs: list[_Seq], pad_id: int, gen: torch.Generator) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.gen = gen
+        self.seqs = list(seqs)
+        self.temperature = torch.tensor([seq.body.temperature for seq in seqs], dtype=torch.float32)
+        self.top_p = torch.tensor([seq.body.top_p for seq in seqs], dtype=torch.float32)
+        self.greedy = torch.tensor([seq.body.greedy for seq in seqs], dtype=torch.bool)
+        contexts = [seq.context() for seq in seqs]
+        width = max(map(len, contexts))
+        self.input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        self.mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, ids in enumerate(contexts):
+            self.input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            self.mask[row, width - len(ids) :] = 1
+        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        self.cache = DynamicCache(config=model.config)
+
+    @torch.inference_mode()
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._forward(self.input_ids, self.positions)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        self.positions = self.positions[:, -1:] + 1
+        return self._forward(tokens[:, None], self.positions)
+
+    def keep(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.long)
+        self.cache.batch_select_indices(index)
+        for name in ("temperature", "top_p", "greedy", "mask", "positions"):
+            setattr(self, name, getattr(self, name)[index])
+        self.seqs = [self.seqs[row] for row in rows]
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.mask,
+            position_ids=positions,
+            **{_cache_kwarg(self.model): self.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return sample(out.logits[:, -1, :], self.temperature, self.top_p, self.greedy, row_uniforms(self.seqs, self.gen))
+
+
+class Generator:
+    """Owns the model thread and the request queue; ``serve_forever`` is its scheduler loop."""
+
+    def __init__(self, model: Any, *, eos_ids: frozenset[int], pad_id: int, max_batch_size: int, seed: int) -> None:
+        self.model = model
+        self.eos_ids = eos_ids
+        self.pad_id = pad_id
+        self.max_batch_size = max_batch_size
+        self.version = 0
+        self.running = 0
+        self.served = 0  # requests answered since start (any stop reason)
+        self._gen = torch.Generator().manual_seed(seed)
+        self._queue: collections.deque[_Seq] = collections.deque()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._work = asyncio.Event()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._unpaused.is_set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def generate(self, body: GenerateBody) -> GenerateResult:
+        (result,) = await self.generate_many([body])
+        return result
+
+    async def generate_many(self, bodies: list[GenerateBody]) -> list[GenerateResult]:
+        """Queue every body (all are checked first: one bad body queues none); results in order.
+        Each request decodes, is aborted and is counted exactly as if it came alone."""
+        for body in bodies:
+            self._check(body)
+        loop = asyncio.get_running_loop()
+        seqs = [_Seq(body, loop.create_future(), self.eos_ids | frozenset(body.stop_token_ids)) for body in bodies]
+        self._queue.extend(seqs)
+        self._work.set()
+        results = await asyncio.gather(*(seq.future for seq in seqs))
+        self.served += len(seqs)
+        return list(results)
+
+    async def pause(self) -> int:
+        """Hold new work; abort every started request at its next step; returns how many."""
+        aborted = self.running
+        self._unpaused.clear()
+        await self._idle.wait()
+        started = [seq for seq in self._queue if seq.output_ids]  # wave ended to rejoin: abort too
+        for seq in started:
+            self._queue.remove(seq)
+            seq.finish("abort")
+        return aborted + len(started)
+
+    def abort_queued(self) -> int:
+        """End every queued request with stop reason "abort" (those that never ran: no tokens)."""
+        queued, self._queue = list(self._queue), collections.deque()
+        for seq in queued:
+            seq.finish("abort")
+        return len(queued)
+
+    def resume(self) -> None:
+        self._unpaused.set()
+
+    async def on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` between decode steps (weight swaps go through here)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def serve_forever(self) -> None:
+        while True:
+            await self._unpaused.wait()
+            if not self._queue:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            wave = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
+            wave = [seq for seq in wave if not seq.future.done()]  # the client went away
+            if not wave:
+                continue
+            self._idle.clear()
+            self.running = len(wave)
+            try:
+                await self._run_wave(wave)
+            except Exception as exc:  # noqa: BLE001 - fail this wave's requests, keep serving
+                log.exception("decode failed for %d requests", len(wave))
+                for seq in wave:
+                    if not seq.future.done():
+                        seq.future.set_exception(exc)
+            finally:
+                self.running = 0
+                self._idle.set()
+
+    async def _run_wave(self, wave: list[_Seq]) -> None:
+        batch = _Batch(self.model, wave, self.pad_id, self._gen)
+        call: tuple[Any, ...] = (batch.prefill,)
+        while True:
+            if self.paused:
+                for seq in wave:
+                    seq.finish("abort")
+                return
+            tokens, logprobs, version = await self.on_model_thread(self._tagged, *call)
+            keep = []
+            for row, (seq, token, logprob) in enumerate(zip(wave, tokens.tolist(), logprobs.tolist())):
+                seq.output_ids.append(token)
+                seq.logprobs.append(logprob)
+                seq.versions.append(version)
+                if token in seq.stop_ids:
+                    seq.finish("stop")
+                elif len(seq.output_ids) >= seq.body.max_new_tokens:
+                    seq.finish("length")
+                elif not seq.future.done():  # else the client went away
+                    keep.append(row)
+            if not keep:
+                return
+            if len(self._queue) >= len(keep) and len(keep) < self.max_batch_size:
+                self._queue.extendleft(reversed([wave[row] for row in keep]))  # rejoin with the newcomers
+                return
+            if len(keep) < len(wave):
+                await self.on_model_thread(batch.keep, keep)
+                wave, tokens = [wave[row] for row in keep], tokens[keep]
+            self.running = len(wave)
+            call = (batch.step, tokens)
+
+    def _tagged(self, fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any) -> tuple[Any, ...]:
+        """Run a model call (on the model thread); append the weight version it ran with."""
+        version = self.version
+        return (*fn(*args), version)
+
+    def _check(self, body: GenerateBody) -> None:
+        vocab = self.model.config.vocab_size
+        if not body.input_ids:
+            raise ValueError("input_ids is empty; send at least one prompt token")
+        if min(body.input_ids) < 0 or max(body.input_ids) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab}) for this model")
+        if body.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {body.max_new_tokens}")
+        if body.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {body.temperature} (use greedy=true for argmax)")
+        if not 0 < body.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {body.top_p}")

@@ -1,5 +1,0 @@
-"""Built-in reward functions, registered by :mod:`areal_core.builtin.rewards`.
-
-- :mod:`areal_core.rewards.math`: final-answer equivalence via ``math-verify`` (GSM8K, MATH);
-- :mod:`areal_core.rewards.synthetic`: exact match for the synthetic ``arith``/``reverse`` tasks.
-"""

@@ -1,0 +1,374 @@
+"""Asynchronous rollout runner: workflows run on an asyncio loop in a background thread.
+
+The trainer's thread calls ``prepare_batch`` each step; it tops up submissions to the staleness
+capacity and returns as soon as a batch of accepted episodes may be consumed, leaving the other
+episodes in flight for the next step. ``pause``/``set_version``/``resume`` bracket a weight update.
+
+A failed episode (its workflow raised, e.g. a request timed out) runs again up to ``episode_retries``
+times, then is dropped and counted; every failed attempt goes to ``failures``, which aborts
+``prepare_batch``/``wait`` with one line when too many fail (see :mod:`areal_core.rollout.failures`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
+
+import attrs
+
+from areal_core.config import Config
+from areal_core.api.engine import InferenceEngine
+from areal_core.rollout.dataloader import EPOCH_KEY
+from areal_core.rollout.failures import FailureTracker, short_reason
+from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
+from areal_core.rollout.staleness import StalenessManager, Ticket
+from areal_core.api.workflow import Workflow
+from areal_core.timeline import Timeline
+from areal_core.api.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@attrs.define
+class RolloutStats:
+    """Counts in episodes; the lag fields describe the last batch taken (output tokens only)."""
+
+    submitted: int = 0  # episodes started
+    accepted: int = 0
+    rejected: int = 0  # the workflow returned None
+    failed: int = 0  # dropped: the workflow raised (or returned a non-episode) on every attempt
+    retried: int = 0  # failed attempts that were run again
+    running: int = 0
+    queued: int = 0  # submitted by the caller, waiting for staleness capacity
+    consumed: int = 0  # episodes handed to the trainer
+    batch_max_lag: int = 0
+    batch_mean_lag: float = 0.0
+
+
+@attrs.define
+class _Episode:
+    ticket: Ticket
+    data: dict[str, Any]
+    trajectories: list[Trajectory] = attrs.Factory(list)
+
+
+class RolloutRunner:
+    """See the module docstring; with a ``ledger``, every episode's lifecycle is appended to it."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        staleness: StalenessManager,
+        ledger: Ledger | None = None,
+        *,
+        episode_retries: int = 0,
+        failures: FailureTracker | None = None,
+        timeline: Timeline | None = None,
+    ) -> None:
+        self.engine = engine
+        self.timeline = timeline
+        self.staleness = staleness
+        self.ledger = ledger
+        self.episode_retries = episode_retries
+        self.failures = failures or FailureTracker("episode attempts", "", max_rate=1.0, window=1)
+        self._attempts: dict[str, int] = {}  # failed attempts so far, per episode uid being retried
+        self._cond = threading.Condition(threading.RLock())
+        self._queue: collections.deque[tuple[dict[str, Any], Workflow]] = collections.deque()
+        self._running: dict[int, dict[str, Any]] = {}
+        self._ready: dict[int, _Episode] = {}
+        self._stats = RolloutStats()
+        self._paused = False
+        self._aborted = 0  # episodes whose generation a pause interrupted (cumulative)
+        self._last_gauge: tuple[int, ...] = ()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_config(
+        cls,
+        engine: InferenceEngine,
+        config: Config,
+        version: int = 0,
+        ledger: Ledger | None = None,
+        timeline: Timeline | None = None,
+    ) -> RolloutRunner:
+        rollout, batch_size = config.rollout, config.train_dataset.batch_size
+        staleness = StalenessManager.from_config(rollout, batch_size, version)
+        window = rollout.failure_window_steps * batch_size
+        failures = FailureTracker(
+            "episode attempts", "rollout.max_failure_rate", max_rate=rollout.max_failure_rate, window=window
+        )
+        return cls(
+            engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures, timeline=timeline
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("RolloutRunner.start() called twice")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._thread.start()
+        self._session = self.engine.client_session()  # one HTTP session for every request on this loop
+        self.run(self._session.__aenter__())
+        self._schedule_pump()
+
+    def stop(self) -> None:
+        """Cancel every running episode and end the loop thread (idempotent)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
+        asyncio.run_coroutine_threadsafe(self._session.__aexit__(None, None, None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self) -> RolloutRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the rollout loop (where the engine's async calls live) and wait for it."""
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the rollout controller is not running; call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, data: dict[str, Any], workflow: Workflow) -> None:
+        """Queue one episode; it starts as soon as the staleness capacity allows."""
+        with self._cond:
+            self._queue.append((data, workflow))
+        self._schedule_pump()
+
+    def _schedule_pump(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._pump)
+
+    def _pump(self) -> None:
+        """Start queued episodes while there is capacity (runs on the loop thread)."""
+        with self._cond:
+            while self._queue and not self._paused and self.staleness.capacity() > 0:
+                data, workflow = self._queue.popleft()
+                ticket = self.staleness.submit()
+                self._running[ticket.serial] = data
+                self._record(
+                    "submitted",
+                    uid=episode_uid(data),
+                    item_id=data.get("id"),
+                    epoch=data.get(EPOCH_KEY, 0),
+                    version=self.staleness.version,
+                )
+                task = asyncio.get_running_loop().create_task(self._run_episode(ticket, data, workflow))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self._gauge()
+
+    async def _run_episode(self, ticket: Ticket, data: dict[str, Any], workflow: Workflow) -> None:
+        uid = episode_uid(data)
+        EPISODE_UID.set(uid)  # this task's own context: engine events name the episode
+        reason = None
+        try:
+            episode = _checked_episode(await workflow(self.engine, data))
+            outcome = "accepted" if episode is not None else "rejected"
+        except Exception as exc:  # a workflow bug or a failed request must not stop the loop
+            logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
+            episode, outcome, reason = None, "failed", short_reason(exc)
+        self.failures.record(reason)
+        with self._cond:
+            del self._running[ticket.serial]
+            if episode is not None:
+                self.staleness.accept(ticket)
+                self._ready[ticket.serial] = _Episode(ticket, data, episode)
+            else:
+                self.staleness.reject(ticket)
+            if outcome == "failed" and self._attempts.get(uid, 0) < self.episode_retries:
+                self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                self._queue.appendleft((data, workflow))  # runs again before new prompts
+                outcome = "retried"
+            else:
+                self._attempts.pop(uid, None)
+            setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
+            self._record(outcome, uid=episode_uid(data))
+            self._gauge()
+            self._cond.notify_all()
+        self._pump()
+
+    # ------------------------------------------------------------------ consumption
+
+    def wait(self, n: int, timeout: float | None = None) -> list[Trajectory]:
+        """Take ``n`` accepted episodes (flattened, each group contiguous); TimeoutError if late."""
+        return self._take(n, timeout, refill=None)
+
+    def prepare_batch(
+        self,
+        dataloader: Iterator[dict[str, Any]],
+        workflow: Workflow,
+        batch_size: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Trajectory]:
+        """Keep the pipe full from ``dataloader`` and return one batch of ``batch_size`` episodes."""
+        n = self.staleness.batch_size if batch_size is None else batch_size
+        if n != self.staleness.batch_size:
+            raise ValueError(
+                f"prepare_batch(batch_size={n}) differs from the staleness manager's batch_size="
+                f"{self.staleness.batch_size}; build the controller with the train batch size"
+            )
+        return self._take(n, timeout, refill=lambda: self._fill(dataloader, workflow))
+
+    def _fill(self, dataloader: Iterator[dict[str, Any]], workflow: Workflow) -> None:
+        room = self.staleness.capacity() - len(self._queue)
+        for _ in range(max(0, room)):
+            item = next(dataloader, None)
+            if item is None:
+                break
+            self.submit(item, workflow)
+
+    def _take(self, n: int, timeout: float | None, refill: Callable[[], None] | None) -> list[Trajectory]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if n > self.staleness.window():
+                raise ValueError(
+                    f"waiting for {n} episodes at version {self.version}, but the staleness window admits only "
+                    f"{self.staleness.window()}; consume batches of rollout batch_size and bump the version"
+                )
+            while True:
+                if refill is not None:
+                    refill()
+                chosen = self.staleness.select(n)
+                if chosen is not None:
+                    break
+                if self._thread is None or not self._thread.is_alive():
+                    raise RuntimeError("the rollout controller is not running; call start() first")
+                self.failures.check()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"{self.staleness.ready} of {n} episodes ready after {timeout}s "
+                        f"({self.staleness.running} running); raise the timeout or check the engine"
+                    )
+                self._cond.wait(remaining)
+            episodes = [self._ready.pop(t.serial) for t in chosen]
+            for ep in episodes:
+                self._record("consumed", uid=episode_uid(ep.data), version=self.staleness.version)
+            self.staleness.consume(chosen)
+            self._stats.consumed += len(chosen)
+            self._gauge()
+            batch = [traj for ep in episodes for traj in ep.trajectories]
+            lags = [self.staleness.version - v for traj in batch for v in traj.versions if v >= 0]
+            self._stats.batch_max_lag = max(lags, default=0)
+            self._stats.batch_mean_lag = sum(lags) / len(lags) if lags else 0.0
+        return batch
+
+    # ------------------------------------------------------------------ weight updates
+
+    def pause(self) -> None:
+        """Stop starting episodes and interrupt in-flight generation (before a weight update)."""
+        with self._cond:
+            self._paused = True
+            self._aborted += len(self._running)
+            self._gauge()
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+        with self._cond:
+            self._paused = False
+            self._gauge()
+        self._schedule_pump()
+
+    def set_version(self, version: int) -> None:
+        """The trainer's new version: tags new tokens and opens the staleness window."""
+        self.engine.set_version(version)
+        with self._cond:
+            self.staleness.set_version(version)
+            self._gauge()
+            self._cond.notify_all()
+        self._schedule_pump()
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def version(self) -> int:
+        return self.staleness.version
+
+    @property
+    def stats(self) -> RolloutStats:
+        """A snapshot of the counters."""
+        with self._cond:
+            return attrs.evolve(
+                self._stats, submitted=self.staleness.submitted, running=len(self._running), queued=len(self._queue)
+            )
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Dataset items taken but not yet consumed (queued, running or ready): a checkpoint keeps them."""
+        with self._cond:
+            return [d for d, _ in self._queue] + list(self._running.values()) + [e.data for e in self._ready.values()]
+
+    def _gauge(self) -> None:
+        """Record the concurrency on the timeline when it changed (call under the lock).
+
+        ``blocked_staleness``: episode slots ``max_concurrent_rollouts`` leaves free that the
+        staleness bound refuses; ``blocked_concurrency``: the reverse; ``aborted``: episodes whose
+        generation a pause interrupted, cumulative."""
+        if self.timeline is None or not self.timeline.enabled:
+            return
+        s = self.staleness
+        running = s.running
+        free_concurrency = s.max_concurrent - running
+        free_window = s.window() - s.ready - running
+        gauge = (
+            running,
+            s.ready,
+            s.accepted,
+            max(0, free_concurrency - max(free_window, 0)),
+            max(0, free_window - max(free_concurrency, 0)),
+            int(self._paused),
+            self._aborted,
+        )
+        if gauge != self._last_gauge:
+            self._last_gauge = gauge
+            self.timeline.rollout(gauge)
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self.ledger is not None:
+            self.ledger.record(event, **fields)
+
+
+def _checked_episode(result: Any) -> list[Trajectory] | None:
+    """The workflow's result, or TypeError/ValueError if it is not one episode."""
+    if result is None:
+        return None
+    if not isinstance(result, list) or not result or not all(isinstance(t, Trajectory) for t in result):
+        raise TypeError(f"a workflow must return a non-empty list[Trajectory] or None, got {type(result).__name__}")
+    if len({t.prompt_id for t in result}) != 1:
+        prompt_ids = sorted({t.prompt_id for t in result})
+        raise ValueError(f"an episode's trajectories must share one prompt_id, got {prompt_ids}")
+    uids = [t.uid for t in result]
+    if not all(uids) or len(set(uids)) != len(uids):
+        raise ValueError(f"every trajectory needs its own non-empty uid, got {uids}")
+    return result
+
+
+def _name(workflow: Workflow) -> str:
+    return getattr(workflow, "__name__", type(workflow).__name__)
