@@ -63,6 +63,32 @@ def test_router_never_routes_to_a_closed_slot(ids: list[str], closed: int) -> No
     assert router.acquire("z") is None
 
 
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["acquire", "release", "close", "open", "add"]), st.integers(0, 7)), max_size=80))
+def test_router_picks_the_least_loaded_open_slot_round_robin(ops: list[tuple[str, int]]) -> None:
+    """Against the rule itself: least load, ties from the slot after the last one chosen."""
+    router, load, open_, nxt, held = Router(3), [0, 0, 0], [True, True, True], 0, []
+    for i, (op, k) in enumerate(ops):
+        if op == "acquire":
+            candidates = [s for s in range(len(load)) if open_[s]]
+            expected = min(candidates, key=lambda s: (load[s], (s - nxt) % len(load))) if candidates else None
+            assert router.acquire(f"r{i}") == expected
+            if expected is not None:
+                load[expected], nxt = load[expected] + 1, (expected + 1) % len(load)
+                held.append(expected)
+        elif op == "release" and held:
+            slot = held.pop(k % len(held))
+            router.release(slot)
+            load[slot] -= 1
+        elif op in ("close", "open"):
+            router.set_open(k % len(load), op == "open")
+            open_[k % len(load)] = op == "open"
+        elif op == "add":
+            assert router.add(open_=k % 2 == 0) == len(load)
+            load.append(0)
+            open_.append(k % 2 == 0)
+
+
 # --------------------------------------------------------------------------- real servers
 
 
