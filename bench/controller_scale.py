@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import itertools
 import json
 import math
 import os
+import pstats
 import random
 import statistics
 import subprocess
@@ -190,9 +192,16 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         return {"t": time.monotonic(), "cpu": time.process_time(), "requests": engine.completed,
                 "added": added, "agent_added": agent_added, "agent_calls": agent.calls}
 
+    profiler = cProfile.Profile(time.thread_time) if args.profile else None  # CPU time: the box is shared
+
+    async def profile(on: bool) -> None:  # cProfile follows the thread that enables it: the loop's
+        if profiler is not None:
+            profiler.enable() if on else profiler.disable()
+
     def measure() -> None:
         try:
             time.sleep(args.warmup_s)
+            controller.run(profile(True))
             first = controller.run(snapshot())
             in_flight = []
             while time.monotonic() - first["t"] < args.seconds:
@@ -201,6 +210,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
                 in_flight.append(stats.running)
                 rss, held = rss_bytes(), stats.running + controller.staleness.ready
             last = controller.run(snapshot())
+            controller.run(profile(False))
             window.update(first=first, last=last, in_flight=in_flight, rss=rss, held=held, steps=steps[0])
         finally:
             stop.set()
@@ -221,6 +231,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         controller.run(agent.close())
     proxy_server.close()
     ledger.close()
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(40)
     problems = audit(read_ledger(tmp / "ledger.jsonl")).problems()
     first, last = window["first"], window["last"]
     wall, requests = last["t"] - first["t"], last["requests"] - first["requests"]
@@ -285,6 +297,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window")
     parser.add_argument("--cpus", type=int, default=1, help="pin the controller to this many cores (0: no pinning)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="cProfile the rollout loop over the window (stderr)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # run one configuration, print JSON
     args = parser.parse_args()
     if args.one:
