@@ -57,12 +57,16 @@ FleetEvent = Callable[[str, dict[str, Any]], None]
 
 
 class PauseGate:
-    """Holds async callers (on any event loop) while closed; opened and closed from any thread."""
+    """Holds async callers (on any event loop) while closed; opened and closed from any thread.
+
+    Opening wakes each loop once for all of its waiters: one cross-thread call per loop, not per
+    held request (tens of thousands after a weight update at cluster scale).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._waiters: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -71,10 +75,10 @@ class PauseGate:
     def open(self) -> None:
         with self._lock:
             self._closed = False
-            waiters, self._waiters = self._waiters, []
-        for loop, future in waiters:
+            waiters, self._waiters = self._waiters, {}
+        for loop, futures in waiters.items():
             try:
-                loop.call_soon_threadsafe(_release, future)
+                loop.call_soon_threadsafe(_release, futures)
             except RuntimeError:  # that loop has closed; nobody is waiting there any more
                 pass
 
@@ -82,15 +86,15 @@ class PauseGate:
         with self._lock:
             if not self._closed:
                 return
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            self._waiters.append((loop, future))
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(future.get_loop(), []).append(future)
         await future
 
 
-def _release(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
+def _release(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 class Router:

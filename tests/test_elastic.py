@@ -27,7 +27,7 @@ from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.control import CONTROL_FILE, ControlServer, control_call
 from areal_core.engine import GenerationRequest, SamplingParams
-from areal_core.engine_http import Router
+from areal_core.engine_http import PauseGate, Router
 from areal_core.errors import ArealError
 from areal_core.hf_engine.client import HFEngine
 from areal_core.platform import CpuPlatform
@@ -88,6 +88,22 @@ def test_router_picks_the_least_loaded_open_slot_round_robin(ops: list[tuple[str
             assert router.add(open_=k % 2 == 0) == len(load)
             load.append(0)
             open_.append(k % 2 == 0)
+
+
+def test_pause_gate_holds_callers_on_every_loop_until_open() -> None:
+    gate, loops = PauseGate(), [LoopThread(), LoopThread()]
+    try:
+        gate.close()
+        held = [loop.submit(gate.wait()) for loop in loops for _ in range(50)]
+        wait_for(lambda: sum(map(len, gate._waiters.values())) == len(held), "every caller held")
+        assert not any(f.done() for f in held)
+        gate.open()
+        for future in held:
+            future.result(timeout=60)
+        assert loops[0].submit(gate.wait()).result(timeout=60) is None  # open: passes at once
+    finally:
+        for loop in loops:
+            loop.close()
 
 
 # --------------------------------------------------------------------------- real servers
