@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from replay_engine import ReplayLatencyEngine, recorded
 
 from areal_core import hookimpl
 from areal_core.config import load_config
@@ -46,7 +47,6 @@ from areal_core.hf_engine.client import HFEngine
 from areal_core.plugins import load_plugins
 from areal_core.timeline_report import find_gaps, load, wait_breakdown
 from areal_core.trainer import Trainer
-from replay_engine import ReplayLatencyEngine, recorded
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
 RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of every hf request in part 1

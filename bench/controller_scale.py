@@ -35,7 +35,6 @@ import asyncio
 import cProfile
 import itertools
 import json
-import math
 import os
 import pstats
 import random
@@ -48,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replay_engine import Lognormal, ReplayLatencyEngine
+
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import load_config
 from areal_core.platform import CpuPlatform
@@ -56,7 +57,6 @@ from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.ledger import Ledger, audit, read_ledger
 from areal_core.rollout.rlvr import RLVRWorkflow
 from areal_core.tiny_model import build_char_tokenizer
-from replay_engine import Lognormal, ReplayLatencyEngine
 
 ALPHABET = ["0123456789+=abcdefghijklmnopqrstuvwxyz ,.:?"]
 

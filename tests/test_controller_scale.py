@@ -25,7 +25,7 @@ def test_controller_scale_tiny_mode() -> None:
         "--rate", "150", "--agent-share", "0.3", "--turns", "2", "--median-s", "2", "--sigma", "0.5",
         "--train-s", "0.05", "--update-s", "0.02", "--warmup-s", "1", "--seconds", "3", "--cpus", "0",
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     row = next(line.split() for line in lines if line.split()[:1] == ["3"])
