@@ -89,6 +89,7 @@ class RolloutController:
         # episodes the waiting call needs before waking it is worth a look (fewer thread switches)
         self._source: tuple[Iterator[dict[str, Any]], Workflow] | None = None
         self._want = 0
+        self._source_error: Exception | None = None  # the loader raised: prepare_batch re-raises it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -225,7 +226,12 @@ class RolloutController:
         if self._source is None:
             return False
         dataloader, workflow = self._source
-        item = next(dataloader, None)
+        try:
+            item = next(dataloader, None)
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting prepare_batch
+            self._source, self._source_error = None, exc
+            self._cond.notify_all()
+            return False
         if item is None:
             self._source = None
             return False
@@ -274,6 +280,9 @@ class RolloutController:
                 self._schedule_pump()
             try:
                 while True:
+                    if self._source_error is not None:
+                        error, self._source_error = self._source_error, None
+                        raise error
                     chosen = self.staleness.select(n)
                     if chosen is not None:
                         break
