@@ -223,9 +223,9 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             except TimeoutError:
                 continue
             steps[0] += 1
-            time.sleep(args.train_s)
+            stop.wait(args.train_s)
             controller.pause()
-            time.sleep(args.update_s)
+            stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
             controller.resume()
         controller.run(agent.close())
