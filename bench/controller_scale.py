@@ -35,6 +35,7 @@ import asyncio
 import cProfile
 import itertools
 import json
+import math
 import os
 import pstats
 import random
@@ -273,7 +274,8 @@ COLUMNS = [  # (key, header, format)
 
 
 def spread(values: list[float], fmt: str) -> str:
-    """One value, or min/median/max of the repeats."""
+    """One value, or min/median/max of the repeats (runs without a value left out)."""
+    values = [v for v in values if not math.isnan(v)] or [math.nan]
     if len(values) == 1:
         return fmt.format(values[0])
     return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
@@ -307,7 +309,8 @@ def main() -> None:
     print(f"{args.in_flight} episodes in flight x {args.n_samples} requests, {args.agent_share:.0%} agent episodes "
           f"({args.turns} turns), offered {args.rate:.0f} req/s, lognormal decode median {args.median_s:.0f}s "
           f"sigma {args.sigma}, {args.cpus or 'all'} core(s)")
-    header = f"{'servers':>8}" + "".join(f"{h:>16}" for _, h, _ in COLUMNS)
+    width = 16 if args.repeats == 1 else 22
+    header = f"{'servers':>8}" + "".join(f"{h:>{width}}" for _, h, _ in COLUMNS)
     print(header)
     for servers in args.servers:
         rows = []
@@ -315,10 +318,10 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", *_with_servers(sys.argv[1:], servers)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        line = f"{servers:>8}" + "".join(f"{spread([r[k] for r in rows], fmt):>16}" for k, _, fmt in COLUMNS)
+        line = f"{servers:>8}" + "".join(f"{spread([r[k] for r in rows], fmt):>{width}}" for k, _, fmt in COLUMNS)
         print(line)
         bad = sum(r["ledger_problems"] for r in rows)
-        print(f"{'':8}time factor {rows[0]['time_factor']:.1f}, {sum(r['steps'] for r in rows)} weight updates, "
+        print(f"{'':8}time factor {rows[0]['time_factor']:.1f}, {sum(r['steps'] for r in rows)} batches taken, "
               f"{sum(r['measured_requests'] for r in rows)} uninterrupted requests, {sum(r['agent_calls'] for r in rows)} "
               f"agent calls measured; ledger: {'exactly once' if not bad else f'{bad} problems'}")
         sys.stdout.flush()

@@ -31,8 +31,8 @@ def test_controller_scale_tiny_mode() -> None:
     row = next(line.split() for line in lines if line.split()[:1] == ["3"])
     assert float(row[1]) > 0  # requests/s
     summary = next(line for line in lines if "ledger:" in line)
-    weight_updates, uninterrupted, agent_calls = map(
-        int, re.search(r"(\d+) weight updates, (\d+) uninterrupted requests, (\d+) agent calls", summary).groups()
+    batches, uninterrupted, agent_calls = map(
+        int, re.search(r"(\d+) batches taken, (\d+) uninterrupted requests, (\d+) agent calls", summary).groups()
     )
-    assert weight_updates > 0 and uninterrupted > 0 and agent_calls > 0, summary
+    assert batches > 0 and uninterrupted > 0 and agent_calls > 0, summary
     assert "ledger: exactly once" in summary, summary
