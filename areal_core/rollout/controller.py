@@ -23,7 +23,7 @@ import attrs
 from areal_core.config import Config
 from areal_core.engine import InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.rollout.failures import FailureTracker, short_reason
+from areal_core.rollout.failures import FailureRateError, FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.rollout.workflow import Workflow
@@ -90,6 +90,7 @@ class RolloutController:
         self._source: tuple[Iterator[dict[str, Any]], Workflow] | None = None
         self._want = 0
         self._source_error: Exception | None = None  # the loader raised: prepare_batch re-raises it
+        self._failing = False  # too many failed attempts: stop topping up until prepare_batch reports it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -200,6 +201,11 @@ class RolloutController:
             logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
             episode, outcome, reason = None, "failed", short_reason(exc)
         self.failures.record(reason)
+        if reason is not None:
+            try:
+                self.failures.check()
+            except FailureRateError:
+                self._failing = True
         with self._cond:
             del self._running[ticket.serial]
             if episode is not None:
@@ -223,7 +229,7 @@ class RolloutController:
     def _pull(self) -> bool:
         """Queue the next item of the batch being prepared, if a ``prepare_batch`` is waiting
         (called under the lock, so the loader is never read by two threads at once)."""
-        if self._source is None:
+        if self._source is None or self._failing:
             return False
         dataloader, workflow = self._source
         try:
@@ -272,7 +278,7 @@ class RolloutController:
                     f"waiting for {n} episodes at version {self.version}, but the staleness window admits only "
                     f"{self.staleness.window()}; consume batches of rollout batch_size and bump the version"
                 )
-            self._source, self._want = source, n
+            self._source, self._want, self._failing = source, n, False
             if source is not None:  # top up now; while waiting, the loop does it as capacity opens
                 for _ in range(self.staleness.capacity() - len(self._queue)):
                     if not self._pull():
