@@ -22,8 +22,8 @@ Monte Carlo over the episode mix). Responses carry 2 tokens per real second (pay
 
 Printed per configuration, over a ``--seconds`` window after ``--warmup-s``:
 sustained requests/s; controller CPU per request (process CPU time / requests, all threads);
-p50/p99 added latency per request (time in ``engine.agenerate`` minus the simulated latency, for
-requests no weight update interrupted) and per agent call (HTTP call to the proxy minus the
+p50/p99 added latency per request (time in ``engine.agenerate_group`` minus the group's slowest
+simulated latency, for groups no weight update interrupted) and per agent call (HTTP call to the proxy minus the
 simulated latency); memory per in-flight episode (RSS growth from just before the controller
 started / episodes running or ready); the ledger audit (every episode consumed exactly once).
 """
@@ -39,12 +39,14 @@ import math
 import os
 import pstats
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,9 @@ class ExactMatch:
 
     async def score(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
         return float(completion.strip() == data.get("answer"))
+
+    async def score_many(self, jobs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[float]:
+        return [await self.score(*job) for job in jobs]
 
 
 class Mixed:
@@ -113,10 +118,6 @@ class ChatAgent:
             reply = answer["choices"][0]["message"]["content"]
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "tool: ok"}]
         return float(reply.strip() == data["answer"])
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
 
 
 def items(agent_share: float, seed: int):
@@ -229,12 +230,13 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
             controller.resume()
-        controller.run(agent.close())
+    # the agents' HTTP session dies with the loop: closing it earlier would fail running episodes
     proxy_server.close()
     ledger.close()
     if profiler is not None:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(40)
     problems = audit(read_ledger(tmp / "ledger.jsonl")).problems()
+    shutil.rmtree(tmp, ignore_errors=True)
     first, last = window["first"], window["last"]
     wall, requests = last["t"] - first["t"], last["requests"] - first["requests"]
     return {
@@ -257,6 +259,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "agent_added_p99_ms": 1e3 * pct(last["agent_added"], 0.99),
         "kib_per_episode": (window["rss"] - rss0) / 1024 / max(1, window["held"]),
         "ledger_problems": len(problems),
+        "ledger_first_problems": problems[:3],
+        "failures": controller.failures.report()[1],
     }
 
 
