@@ -27,7 +27,6 @@ keeps the run directories (timelines included) under DIR.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import statistics
@@ -39,10 +38,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from replay_engine import ReplayLatencyEngine, recorded
 
 from areal_core.api import hookimpl
 from areal_core.config import load_config
-from areal_core.api.engine import GenerationRequest, GenerationResponse, InferenceEngine
+from areal_core.api.engine import GenerationRequest, GenerationResponse
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.plugins import load_plugins
 from areal_core.timeline_report import find_gaps, load, wait_breakdown
@@ -50,6 +50,7 @@ from areal_core.trainer import Trainer
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
 RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of every hf request in part 1
+ReplayLatencyEngine.default_sampler = recorded(RECORDED)  # part 2 replays them
 
 
 class RecordingHFEngine(HFEngine):
@@ -61,63 +62,6 @@ class RecordingHFEngine(HFEngine):
         responses = await super().agenerate_group(requests)  # agenerate comes here too
         RECORDED.extend((r.latency, len(r.output_ids)) for r in responses)
         return responses
-
-
-class ReplayLatencyEngine(InferenceEngine):
-    """NOT a model: returns random tokens after a latency drawn from the recorded (latency,
-    length) pairs. Weight loads are no-ops; tokens are tagged with the version at completion."""
-
-    name = "replay-latency"
-
-    def __init__(self, config, platform) -> None:
-        super().__init__(config, platform)
-        self.version = 0
-        self.rng = random.Random(config.seed)
-        self.resumed: asyncio.Event | None = None
-        self.paused = False
-
-    def launch_servers(self, scheduler) -> list[str]:
-        return []
-
-    def attach(self, addresses: list[str]) -> None:
-        pass
-
-    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        while self.paused:
-            await asyncio.sleep(0.005)
-        latency, length = self.rng.choice(RECORDED)
-        await asyncio.sleep(latency)
-        length = min(length, request.sampling.max_new_tokens)
-        ids = [self.rng.randrange(2, 12) for _ in range(length)]
-        return GenerationResponse(
-            input_ids=request.input_ids,
-            output_ids=ids,
-            logprobs=[-2.5] * length,
-            versions=[self.version] * length,
-            stop_reason="length",
-            latency=latency,
-        )
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-
-    def health(self) -> list[bool]:
-        return [True]
-
-    def members(self) -> tuple[str, ...]:
-        return ("replay",)  # one in-process stand-in: a wait past the liveness poll finds it serving
-
-    def load_weights_from_disk(self, path: str, version: int) -> None:
-        self.version = version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
-
-    def close(self) -> None:
-        pass
 
 
 @hookimpl

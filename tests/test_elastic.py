@@ -20,14 +20,14 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from quickstart_runs import SCRIPT, marked_pids, rewards, run_args, start, wait_until
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.control_endpoint import CONTROL_FILE, ControlServer, control_call
 from areal_core.api.engine import GenerationRequest, SamplingParams
-from areal_core.api.http_engine import Router
+from areal_core.api.http_engine import PauseGate, Router
 from areal_core.api.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
@@ -61,6 +61,49 @@ def test_router_never_routes_to_a_closed_slot(ids: list[str], closed: int) -> No
     for slot in range(4):
         router.set_open(slot, False)
     assert router.acquire("z") is None
+
+
+@settings(max_examples=60, deadline=None)
+@example(ops=[("acquire", 0), ("acquire", 0), ("release", 0), ("release", 0), ("acquire", 0)])  # a tie after slot 1
+@given(ops=st.lists(st.tuples(st.sampled_from(["acquire", "release", "close", "open", "add"]), st.integers(0, 7)), max_size=80))
+def test_router_picks_the_least_loaded_open_slot_round_robin(ops: list[tuple[str, int]]) -> None:
+    """Against the rule itself: least load, ties from the slot after the last one chosen."""
+    router, load, open_, nxt, held = Router(3), [0, 0, 0], [True, True, True], 0, []
+    for i, (op, k) in enumerate(ops):
+        if op == "acquire":
+            candidates = [s for s in range(len(load)) if open_[s]]
+            expected = min(candidates, key=lambda s: (load[s], (s - nxt) % len(load))) if candidates else None
+            assert router.acquire(f"r{i}") == expected
+            if expected is not None:
+                load[expected], nxt = load[expected] + 1, (expected + 1) % len(load)
+                held.append(expected)
+        elif op == "release" and held:
+            slot = held.pop(k % len(held))
+            router.release(slot)
+            load[slot] -= 1
+        elif op in ("close", "open"):
+            router.set_open(k % len(load), op == "open")
+            open_[k % len(load)] = op == "open"
+        elif op == "add":
+            assert router.add(open_=k % 2 == 0) == len(load)
+            load.append(0)
+            open_.append(k % 2 == 0)
+
+
+def test_pause_gate_holds_callers_on_every_loop_until_open() -> None:
+    gate, loops = PauseGate(), [LoopThread(), LoopThread()]
+    try:
+        gate.close()
+        held = [loop.submit(gate.wait()) for loop in loops for _ in range(50)]
+        wait_for(lambda: sum(map(len, gate._waiters.values())) == len(held), "every caller held")
+        assert not any(f.done() for f in held)
+        gate.open()
+        for future in held:
+            future.result(timeout=60)
+        assert loops[0].submit(gate.wait()).result(timeout=60) is None  # open: passes at once
+    finally:
+        for loop in loops:
+            loop.close()
 
 
 # --------------------------------------------------------------------------- real servers

@@ -129,6 +129,22 @@ def test_rejections_are_counted_and_never_consumed():
     assert (stats.submitted, stats.accepted, stats.rejected, stats.failed) == (12, 9, 3, 0)
 
 
+def test_a_loader_that_raises_fails_prepare_batch_with_its_error():
+    """The loop tops the pipe up from the loader while prepare_batch waits: its error still
+    reaches the trainer's call."""
+
+    def loader() -> Iterator[dict[str, Any]]:
+        yield from _items(3)
+        raise OSError("dataset shard unreadable")
+
+    items = loader()
+    with _controller(ScriptedEngine(), batch_size=2, eta=1, max_concurrent=2) as ctl:
+        with pytest.raises(OSError, match="dataset shard unreadable"):
+            for _ in range(3):  # the second batch at the latest runs into the error
+                ctl.prepare_batch(items, GroupWorkflow(), timeout=60)
+                _bump(ctl)
+
+
 def test_workflow_exceptions_are_counted_and_reported_in_one_line(caplog):
     loader = PromptLoader(_items(6), shuffle=False)
     caplog.set_level(logging.INFO)

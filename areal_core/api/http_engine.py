@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import collections
 import contextlib
 import functools
@@ -56,12 +57,16 @@ FleetEvent = Callable[[str, dict[str, Any]], None]
 
 
 class PauseGate:
-    """Holds async callers (on any event loop) while closed; opened and closed from any thread."""
+    """Holds async callers (on any event loop) while closed; opened and closed from any thread.
+
+    Opening wakes each loop once for all of its waiters: one cross-thread call per loop, not per
+    held request (tens of thousands after a weight update at cluster scale).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._waiters: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -70,10 +75,10 @@ class PauseGate:
     def open(self) -> None:
         with self._lock:
             self._closed = False
-            waiters, self._waiters = self._waiters, []
-        for loop, future in waiters:
+            waiters, self._waiters = self._waiters, {}
+        for loop, futures in waiters.items():
             try:
-                loop.call_soon_threadsafe(_release, future)
+                loop.call_soon_threadsafe(_release, futures)
             except RuntimeError:  # that loop has closed; nobody is waiting there any more
                 pass
 
@@ -81,26 +86,33 @@ class PauseGate:
         with self._lock:
             if not self._closed:
                 return
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            self._waiters.append((loop, future))
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(future.get_loop(), []).append(future)
         await future
 
 
-def _release(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
+def _release(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 class Router:
     """Pins each request id to one server slot; a new id goes to the least-loaded open slot (round
     robin on ties). Slots are only added (``add``); a closed slot gets no requests, and ids pinned
-    to it move to an open one."""
+    to it move to an open one.
+
+    Choosing is O(log n) at any fleet size: open slots sit in one sorted list per load, and the
+    lowest non-empty load is tracked as loads move by one.
+    """
 
     def __init__(self, n_servers: int, max_pins: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._load = [0] * n_servers
         self._open = [True] * n_servers
+        self._by_load: dict[int, list[int]] = {0: list(range(n_servers))}  # load -> open slots, sorted
+        self._min = 0  # no open slot has a lower load
+        self._n_open = n_servers
         self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._next = 0
         self._max_pins = max_pins
@@ -110,33 +122,62 @@ class Router:
         with self._lock:
             server = self._pins.get(request_id)
             if server is None or not self._open[server]:
-                n = len(self._load)
-                candidates = [i for i in range(n) if self._open[i]]
-                if not candidates:
+                if not self._n_open:
                     return None
-                server = min(candidates, key=lambda i: (self._load[i], (i - self._next) % n))
-                self._next = (server + 1) % n
+                while not self._by_load.get(self._min):
+                    self._min += 1
+                slots = self._by_load[self._min]
+                server = slots[bisect.bisect_left(slots, self._next) % len(slots)]
+                self._next = (server + 1) % len(self._load)
                 if len(self._pins) >= self._max_pins:
                     self._pins.popitem(last=False)
             self._pins[request_id] = server
             self._pins.move_to_end(request_id)
-            self._load[server] += 1
+            self._move(server, +1)
             return server
 
     def release(self, server: int) -> None:
         with self._lock:
-            self._load[server] -= 1
+            self._move(server, -1)
+
+    def _move(self, server: int, delta: int) -> None:
+        """Change ``server``'s load by ``delta`` (the lock is held)."""
+        load = self._load[server]
+        self._load[server] = load + delta
+        if self._open[server]:
+            self._unlist(server, load)
+            self._list(server, load + delta)
+
+    def _list(self, server: int, load: int) -> None:
+        bisect.insort(self._by_load.setdefault(load, []), server)
+        self._min = min(self._min, load)
+
+    def _unlist(self, server: int, load: int) -> None:
+        slots = self._by_load[load]
+        del slots[bisect.bisect_left(slots, server)]
 
     def add(self, *, open_: bool = True) -> int:
         """A new slot; returns its index."""
         with self._lock:
             self._load.append(0)
-            self._open.append(open_)
-            return len(self._load) - 1
+            self._open.append(False)
+            server = len(self._load) - 1
+            self._set_open(server, open_)
+            return server
 
     def set_open(self, server: int, open_: bool) -> None:
         with self._lock:
-            self._open[server] = open_
+            self._set_open(server, open_)
+
+    def _set_open(self, server: int, open_: bool) -> None:
+        if open_ == self._open[server]:
+            return
+        self._open[server] = open_
+        if open_:
+            self._list(server, self._load[server])
+        else:
+            self._unlist(server, self._load[server])
+        self._n_open += 1 if open_ else -1
 
     def pin(self, request_id: str, server: int) -> None:
         """Send ``request_id`` to ``server`` (e.g. to probe one server)."""

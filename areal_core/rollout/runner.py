@@ -16,14 +16,14 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Coroutine, Iterator, TypeVar
+from typing import Any, Coroutine, Iterator, TypeVar
 
 import attrs
 
 from areal_core.config import Config
 from areal_core.api.engine import InferenceEngine
 from areal_core.rollout.dataloader import EPOCH_KEY
-from areal_core.rollout.failures import FailureTracker, short_reason
+from areal_core.rollout.failures import FailureRateError, FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.api.workflow import Workflow
@@ -85,6 +85,12 @@ class RolloutRunner:
         self._paused = False
         self._aborted = 0  # episodes whose generation a pause interrupted (cumulative)
         self._last_gauge: tuple[int, ...] = ()
+        # while prepare_batch waits: where the loop tops the queue up from, and how many ready
+        # episodes the waiting call needs before waking it is worth a look (fewer thread switches)
+        self._source: tuple[Iterator[dict[str, Any]], Workflow] | None = None
+        self._want = 0
+        self._source_error: Exception | None = None  # the loader raised: prepare_batch re-raises it
+        self._failing = False  # too many failed attempts: stop topping up until prepare_batch reports it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -168,7 +174,7 @@ class RolloutRunner:
     def _pump(self) -> None:
         """Start queued episodes while there is capacity (runs on the loop thread)."""
         with self._cond:
-            while self._queue and not self._paused and self.staleness.capacity() > 0:
+            while not self._paused and self.staleness.capacity() > 0 and (self._queue or self._pull()):
                 data, workflow = self._queue.popleft()
                 ticket = self.staleness.submit()
                 self._running[ticket.serial] = data
@@ -195,6 +201,11 @@ class RolloutRunner:
             logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
             episode, outcome, reason = None, "failed", short_reason(exc)
         self.failures.record(reason)
+        if reason is not None:
+            try:
+                self.failures.check()
+            except FailureRateError:
+                self._failing = True
         with self._cond:
             del self._running[ticket.serial]
             if episode is not None:
@@ -211,14 +222,33 @@ class RolloutRunner:
             setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
             self._record(outcome, uid=episode_uid(data))
             self._gauge()
-            self._cond.notify_all()
+            if reason is not None or self.staleness.ready >= self._want or not self._running:
+                self._cond.notify_all()
         self._pump()
+
+    def _pull(self) -> bool:
+        """Queue the next item of the batch being prepared, if a ``prepare_batch`` is waiting
+        (called under the lock, so the loader is never read by two threads at once)."""
+        if self._source is None or self._failing:
+            return False
+        dataloader, workflow = self._source
+        try:
+            item = next(dataloader, None)
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting prepare_batch
+            self._source, self._source_error = None, exc
+            self._cond.notify_all()
+            return False
+        if item is None:
+            self._source = None
+            return False
+        self._queue.append((item, workflow))
+        return True
 
     # ------------------------------------------------------------------ consumption
 
     def wait(self, n: int, timeout: float | None = None) -> list[Trajectory]:
         """Take ``n`` accepted episodes (flattened, each group contiguous); TimeoutError if late."""
-        return self._take(n, timeout, refill=None)
+        return self._take(n, timeout, source=None)
 
     def prepare_batch(
         self,
@@ -234,17 +264,13 @@ class RolloutRunner:
                 f"prepare_batch(batch_size={n}) differs from the staleness manager's batch_size="
                 f"{self.staleness.batch_size}; build the controller with the train batch size"
             )
-        return self._take(n, timeout, refill=lambda: self._fill(dataloader, workflow))
+        return self._take(n, timeout, source=(dataloader, workflow))
 
-    def _fill(self, dataloader: Iterator[dict[str, Any]], workflow: Workflow) -> None:
-        room = self.staleness.capacity() - len(self._queue)
-        for _ in range(max(0, room)):
-            item = next(dataloader, None)
-            if item is None:
-                break
-            self.submit(item, workflow)
-
-    def _take(self, n: int, timeout: float | None, refill: Callable[[], None] | None) -> list[Trajectory]:
+    def _take(
+        self, n: int, timeout: float | None, source: tuple[Iterator[dict[str, Any]], Workflow] | None
+    ) -> list[Trajectory]:
+        """Wait for ``n`` episodes; with a ``source``, the loop keeps the pipe full from it meanwhile
+        and wakes this thread only when ``n`` are ready (or an episode failed, or none runs)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if n > self.staleness.window():
@@ -252,22 +278,32 @@ class RolloutRunner:
                     f"waiting for {n} episodes at version {self.version}, but the staleness window admits only "
                     f"{self.staleness.window()}; consume batches of rollout batch_size and bump the version"
                 )
-            while True:
-                if refill is not None:
-                    refill()
-                chosen = self.staleness.select(n)
-                if chosen is not None:
-                    break
-                if self._thread is None or not self._thread.is_alive():
-                    raise RuntimeError("the rollout controller is not running; call start() first")
-                self.failures.check()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(
-                        f"{self.staleness.ready} of {n} episodes ready after {timeout}s "
-                        f"({self.staleness.running} running); raise the timeout or check the engine"
-                    )
-                self._cond.wait(remaining)
+            self._source, self._want, self._failing = source, n, False
+            if source is not None:  # top up now; while waiting, the loop does it as capacity opens
+                for _ in range(self.staleness.capacity() - len(self._queue)):
+                    if not self._pull():
+                        break
+                self._schedule_pump()
+            try:
+                while True:
+                    if self._source_error is not None:
+                        error, self._source_error = self._source_error, None
+                        raise error
+                    chosen = self.staleness.select(n)
+                    if chosen is not None:
+                        break
+                    if self._thread is None or not self._thread.is_alive():
+                        raise RuntimeError("the rollout controller is not running; call start() first")
+                    self.failures.check()
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(
+                            f"{self.staleness.ready} of {n} episodes ready after {timeout}s "
+                            f"({self.staleness.running} running); raise the timeout or check the engine"
+                        )
+                    self._cond.wait(remaining)
+            finally:
+                self._source, self._want = None, 0
             episodes = [self._ready.pop(t.serial) for t in chosen]
             for ep in episodes:
                 self._record("consumed", uid=episode_uid(ep.data), version=self.staleness.version)

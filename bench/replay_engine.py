@@ -1,0 +1,178 @@
+"""ReplayLatencyEngine: NOT a model. In-process stand-ins for ``rollout.servers`` generation servers.
+
+The client half is the real :class:`~areal_core.api.http_engine.HTTPServerEngine` (router, pause
+gate, segments re-submitted after a pause); only the server call is simulated: a request draws
+``(latency seconds, output tokens)`` from a sampler on its first segment, its tokens arrive
+evenly over that latency, and ``pause()`` aborts every running segment with the tokens produced so
+far, as a real server does. Servers have no compute limit: latency does not depend on load (the
+fleet is assumed sized for it). Output ids cycle through 2..11; weight loads only change the
+version tag. Used by ``bench/async_vs_sync.py`` (recorded latencies) and
+``bench/controller_scale.py`` (lognormal latencies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from areal_core.api.engine import GenerationRequest, GenerationResponse
+from areal_core.api.http_engine import HTTPServerEngine, Segment, SegmentCall, one_call_each
+from areal_core.api.errors import ArealError
+
+#: ``sampler(rng) -> (latency seconds, output tokens)`` for one request.
+Sampler = Callable[[random.Random], tuple[float, int]]
+_IDS = [2 + i % 10 for i in range(1 << 16)]
+
+
+def recorded(pairs: list[tuple[float, int]]) -> Sampler:
+    """Draw uniformly from recorded ``(latency, length)`` pairs (the list may still be filling)."""
+    return lambda rng: rng.choice(pairs)
+
+
+@attrs.frozen
+class Lognormal:
+    """Decode time lognormal around ``median_s`` (real seconds) with shape ``sigma``, replayed
+    ``time_factor`` times faster; ``tokens_per_s`` output tokens per real second of decoding."""
+
+    median_s: float = 60.0
+    sigma: float = 1.0
+    time_factor: float = 10.0
+    tokens_per_s: float = 2.0
+
+    def __call__(self, rng: random.Random) -> tuple[float, int]:
+        real = rng.lognormvariate(math.log(self.median_s), self.sigma)
+        return real / self.time_factor, max(1, round(real * self.tokens_per_s))
+
+    def mean_s(self) -> float:
+        """Expected simulated latency of one request."""
+        return self.median_s * math.exp(self.sigma**2 / 2) / self.time_factor
+
+
+@attrs.define
+class _Running:
+    """One segment being served: when it would end, and how many tokens it carries."""
+
+    future: asyncio.Future
+    timer: asyncio.TimerHandle
+    start: float
+    seconds: float
+    tokens: int
+
+
+class ReplayLatencyEngine(HTTPServerEngine):
+    """See the module docstring. ``sampler`` defaults to the class attribute ``default_sampler``."""
+
+    name = "replay-latency"
+    server_label = "replay server"
+    default_sampler: Sampler = Lognormal()  # a plain attribute: read through the class, never bound
+
+    def __init__(self, config: Any, platform: Any, sampler: Sampler | None = None) -> None:
+        super().__init__(config, platform)
+        self.sampler = sampler or type(self).default_sampler
+        self.rng = random.Random(config.seed)
+        self.version = 0
+        self.completed = 0  # requests answered in full
+        #: per request of a group no pause interrupted: wall time in ``agenerate_group`` minus the
+        #: group's slowest simulated latency
+        self.added: list[float] = []
+        self.by_seed: dict[int, float] = {}  # sampling seed -> simulated latency, for callers that pass seeds
+        self._interrupted: set[str] = set()  # running request ids aborted by a pause at least once
+        self._plans: dict[str, tuple[float, int]] = {}  # request id -> (latency, length) while it runs
+        self._running: dict[asyncio.Future, _Running] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ servers (in-process)
+    def launch_servers(self, scheduler: Any) -> list[str]:
+        self.attach([f"replay-{i}" for i in range(self.config.rollout.servers)])
+        return list(self.addresses)
+
+    def server_spec(self, index: int, port: int, run_dir: Any) -> Any:
+        raise ArealError("replay servers run in-process; they have no process to start")
+
+    def server_is_up(self, address: str) -> bool:
+        return True
+
+    def _new_session(self) -> Any:
+        return contextlib.nullcontext()  # no HTTP: the server call below is simulated
+
+    async def agenerate_group(self, requests: Sequence[GenerationRequest]) -> list[GenerationResponse]:
+        start = asyncio.get_running_loop().time()
+        try:
+            responses = await super().agenerate_group(requests)
+        finally:
+            plans = [self._plans.pop(r.request_id, None) for r in requests]
+            interrupted = any(r.request_id in self._interrupted for r in requests)
+            self._interrupted.difference_update(r.request_id for r in requests)
+        self.completed += len(requests)
+        if not interrupted and None not in plans:  # the group returns with its slowest request
+            added = asyncio.get_running_loop().time() - start - max(p[0] for p in plans)
+            self.added.extend([added] * len(requests))
+        return responses
+
+    async def _generate_segments(self, session: Any, address: str, *, calls: list[SegmentCall]) -> list[Segment]:
+        return await one_call_each(self._generate_segment, session, address, calls)
+
+    async def _generate_segment(
+        self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
+    ) -> Segment:
+        loop = self._loop = asyncio.get_running_loop()
+        rid = request.request_id
+        plan = self._plans.get(rid)
+        if plan is None:
+            plan = self._plans[rid] = self.sampler(self.rng)
+            if request.sampling.seed is not None:
+                self.by_seed[request.sampling.seed] = plan[0]
+        latency, length = plan[0], min(plan[1], request.sampling.max_new_tokens)
+        left = max(0, length - len(generated))
+        seconds = latency * left / length if length else latency
+        future = loop.create_future()
+        timer = loop.call_later(seconds, _finish, future, left, "length")
+        self._running[future] = _Running(future, timer, loop.time(), seconds, left)
+        try:
+            tokens, reason = await future
+        finally:
+            self._running.pop(future, None)
+            timer.cancel()
+        if reason == "abort":
+            self._interrupted.add(rid)
+        return Segment(output_ids=_IDS[:tokens], logprobs=[-2.5] * tokens, versions=[self.version] * tokens, stop_reason=reason)
+
+    def _abort_all(self) -> None:
+        """What a real server's pause route does: end every running segment with what it has."""
+        now = self._loop.time() if self._loop is not None else 0.0
+        for run in list(self._running.values()):
+            run.timer.cancel()
+            done = 1.0 if run.seconds <= 0 else min(1.0, (now - run.start) / run.seconds)
+            _finish(run.future, math.floor(run.tokens * done), "abort")
+        self._running.clear()
+
+    # ------------------------------------------------------------------ control
+    def pause(self) -> None:
+        self._gate.close()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            async def abort() -> None:
+                self._abort_all()
+
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile: nothing runs
+                asyncio.run_coroutine_threadsafe(abort(), loop).result()
+
+    def resume(self) -> None:
+        self._gate.open()
+
+    def load_weights_from_disk(self, path: str, version: int) -> None:
+        self.version = version
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+
+def _finish(future: asyncio.Future, tokens: int, reason: str) -> None:
+    if not future.done():
+        future.set_result((tokens, reason))
