@@ -92,7 +92,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.attach([f"replay-{i}" for i in range(self.config.rollout.servers)])
         return list(self.addresses)
 
-    def server_spec(self, index: int, port: int, run_dir: Any) -> Any:
+    def server_spec(self, index: int, port: int | str, run_dir: Any, host: str = "127.0.0.1") -> Any:
         raise ArealError("replay servers run in-process; they have no process to start")
 
     def server_is_up(self, address: str) -> bool:

@@ -135,6 +135,8 @@ class ProcessTrainer:
     is mid-bucket, ``on_mid_bucket`` runs (the test SIGKILLs it); a dead process is reported as the
     train controller reports it: :class:`ProcessFailedError`."""
 
+    rendezvous_host = "127.0.0.1"  # rank 0's process runs on this machine
+
     def __init__(self, base: Path, seed: int, on_mid_bucket: Callable[[int], None]) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -289,8 +291,8 @@ def env_of_second_server(engine: HTTPServerEngine, env: dict[str, str]) -> None:
     """Start the engine's second server with ``env`` added (a test hook on one server only)."""
     spec_of = engine.server_spec
 
-    def server_spec(index: int, port: int, run_dir: Path) -> Any:
-        spec = spec_of(index, port, run_dir)
+    def server_spec(index: int, port: int | str, run_dir: Path, **kwargs: Any) -> Any:
+        spec = spec_of(index, port, run_dir, **kwargs)
         return attrs.evolve(spec, env={**spec.env, **env}) if index == 1 else spec
 
     engine.server_spec = server_spec  # type: ignore[method-assign]
