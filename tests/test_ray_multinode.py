@@ -145,23 +145,25 @@ def holding(address: str, shape: dict[str, float]) -> Iterator[Callable[[], None
 def test_a_dead_node_s_server_is_replaced_on_node_1_and_no_sample_is_lost(cluster, tmp_path, marks):
     """Node 3 holds the only server; node 1's spare ``spot`` is held until the run is up (else Ray
     would pack the server next to the trainer). Node 3's raylet is killed mid-run."""
+    steps = 40
     mark = marks()
     run_dir = tmp_path / "quickstart" / "lost-node"
     with worker_node(cluster, DOOMED_IP, 1, {"spot": 1}) as node3, holding(cluster, {"spot": 1, f"node:{HEAD_IP}": 0.01}) as release_spare:
         proc = launch(tmp_path, "lost-node", cluster, mark, "ray.server_resources={spot: 1}",
                       "ray.trainer_resources={train: 1}", "rollout.restart_failed=true",
-                      "rollout.health_check_interval=1", "total_train_steps=20")  # synchronous: the kill
-        # lands with most steps' rollouts still to generate (a step takes well under a second)
+                      "rollout.health_check_interval=1", f"total_train_steps={steps}")  # synchronous:
+        # the kill lands with most steps' rollouts still to generate (a step takes well under a second)
         wait_until(lambda: steps_done(run_dir) >= 1 or proc.poll() is not None, 300, "step 1")
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         ((before, _),) = placement(mark, b"areal_core.builtin.engine_hf.server").values()
         assert before[0] == DOOMED_IP
-        release_spare()
         os.kill(raylet_pid(node3), signal.SIGKILL)  # the node is gone with its server
         killed_at = time.time()
+        assert steps_done(run_dir) < steps  # the kill landed mid-run
+        release_spare()  # only now: the replacement can go to node 1's spare
         finish(proc, mark)
 
-    ledger_is_clean(run_dir, 20 * 4)
+    ledger_is_clean(run_dir, steps * 4)
     (lost,) = events(run_dir, "server_lost")
     (added,) = events(run_dir, "server_added")
     assert lost["address"].startswith(f"{DOOMED_IP}:") and added["address"].startswith(f"{HEAD_IP}:")
