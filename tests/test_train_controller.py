@@ -6,11 +6,12 @@ import os
 import random
 import signal
 
+import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from areal_core.config import Config, TinyModelSpec, load_config
+from areal_core.config import Config, LoraConfig, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
@@ -127,24 +128,30 @@ def test_world_size_2_matches_world_size_1(model_path, scheduler, tmp_path):
     assert trained2[0][1:] == pytest.approx(expected.tolist(), abs=1e-5)
 
 
-def test_checkpoint_resume_is_bitwise_at_world_size_2(model_path, scheduler, tmp_path):
+@pytest.mark.parametrize("lora", [None, LoraConfig(rank=4, alpha=8, dropout=0.1)], ids=["full", "lora"])
+def test_checkpoint_resume_is_bitwise_at_world_size_2(model_path, scheduler, tmp_path, lora):
+    """With LoRA: the adapter and its AdamW state (the base comes from model.path), with dropout
+    on the adapter (each rank's RNG state comes back) and the reference policy (kl_coef > 0)."""
     config = make_config(model_path, 2)
+    if lora is not None:
+        config = attrs.evolve(config, actor=attrs.evolve(config.actor, lora=lora, kl_coef=0.05))
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
     with controller(config, scheduler, model_path, tmp_path / "a") as trainer:
         trajs = on_policy(raw_trajs(), trainer.compute_logprobs(raw_trajs()))
         for _ in range(2):
             trainer.train_step(trajs, ADVANTAGES, None)
         trainer.save_checkpoint(str(tmp_path / "ckpt"))
-        for _ in range(2):
-            trainer.train_step(trajs, ADVANTAGES, None)
+        straight_stats = [trainer.train_step(trajs, ADVANTAGES, None) for _ in range(2)]
         trainer.save_hf(str(tmp_path / "straight"))
     with controller(config, scheduler, model_path, tmp_path / "b") as trainer:
         trainer.load_checkpoint(str(tmp_path / "ckpt"))
         assert trainer.step == 2
-        for _ in range(2):
-            trainer.train_step(trajs, ADVANTAGES, None)
+        resumed_stats = [trainer.train_step(trajs, ADVANTAGES, None) for _ in range(2)]
         trainer.save_hf(str(tmp_path / "resumed"))
-    straight = load_file(str(tmp_path / "straight" / "model.safetensors"))
-    resumed = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    for want, got in zip(straight_stats, resumed_stats):
+        assert (got["loss"], got["grad_norm"], got["lr"]) == (want["loss"], want["grad_norm"], want["lr"])
+    straight = load_file(str(tmp_path / "straight" / weights))
+    resumed = load_file(str(tmp_path / "resumed" / weights))
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
