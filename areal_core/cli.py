@@ -56,15 +56,16 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from areal_core.active_platform import unavailable_message
     from areal_core.plugins import load_plugins
     from areal_core.preflight import hub_notes, preflight
-    from areal_core.resolve import resolve_config
+    from areal_core.resolve import adapter_weight_path_note, resolve_config
 
     path, overrides = _split_config_args(ns)
     plugins = load_plugins()
-    config, platform = resolve_config(load_config(path, overrides), plugins, require_available=False)
+    requested = load_config(path, overrides)
+    config, platform = resolve_config(requested, plugins, require_available=False)
     if not platform.is_available():  # valid for another machine; a run here fails with this line
         print(f"areal: warning: platform: {unavailable_message(type(platform), plugins)}", file=sys.stderr)
     preflight(config, plugins, fetch=False)  # model directory, fileroot, dataset options and items
-    for note in hub_notes(config):
+    for note in filter(None, [adapter_weight_path_note(requested, plugins), *hub_notes(config)]):
         print(f"areal: note: {note}", file=sys.stderr)
     sys.stdout.write(dump_yaml(config))
     return 0

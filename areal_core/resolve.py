@@ -63,4 +63,28 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
     config = plugins.configure(config)
     if not isinstance(config, Config):
         raise PluginError(f"a plugin's areal_configure returned {type(config).__name__}, not a Config")
+    if adapter_weight_path_note(config, plugins) is not None:
+        config = attrs.evolve(config, actor=attrs.evolve(config.actor, weight_update="disk"))
     return attrs.evolve(config, platform=platform.name) if config.platform == "auto" else config, platform
+
+
+def adapter_weight_path_note(config: Config, plugins: Plugins) -> str | None:
+    """Why a LoRA config's ``actor.weight_update=xccl`` takes the ``disk`` path (None: it does not).
+
+    ``xccl`` broadcasts the adapter's tensors alone only into engines whose channel takes them
+    (``channel_takes_adapter``: hf); vLLM and SGLang load adapters from disk, so the adapter goes
+    there, and :func:`resolve_config`'s config says ``disk``. Raises a ConfigError naming
+    ``actor.weight_update`` when the disk updater is not installed.
+    """
+    if config.actor.lora is None or config.actor.weight_update != "xccl":
+        return None
+    engine = config.rollout.engine
+    if plugins.get("engine", engine).channel_takes_adapter:
+        return None
+    try:
+        plugins.registration("weight_updater", "disk")
+    except PluginError as exc:
+        raise ConfigError(
+            "actor.weight_update", f"xccl: engine {engine!r} loads LoRA adapters from disk only, and {exc}"
+        ) from None
+    return f"engine {engine!r} loads LoRA adapters from disk only: actor.weight_update=xccl uses the disk path for the adapter"

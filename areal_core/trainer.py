@@ -25,7 +25,7 @@ import attrs
 from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
-from areal_core.resolve import resolve_config
+from areal_core.resolve import adapter_weight_path_note, resolve_config
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.api.workflow import Workflow
@@ -106,6 +106,8 @@ class Trainer:
         self.workflow_factory = workflow
         self.plugins = plugins or load_plugins()
         self.config, self.platform = resolve_config(config, self.plugins)
+        if (note := adapter_weight_path_note(config, self.plugins)) is not None:
+            say(note)
         self.run_dir = self.config.run_dir
 
     # ------------------------------------------------------------------ set-up

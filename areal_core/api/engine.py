@@ -59,7 +59,8 @@ class InferenceEngine(abc.ABC):
 
     name: ClassVar[str] = ""
     #: Whether the weight channel (``SupportsWeightChannel``) takes a LoRA adapter's tensors alone
-    #: (``actor.lora`` with ``actor.weight_update: xccl``); engines without it load adapters from disk.
+    #: (``actor.lora`` with ``actor.weight_update: xccl``); for engines without it, such a config
+    #: resolves to ``actor.weight_update: disk`` (they load adapters from disk).
     channel_takes_adapter: ClassVar[bool] = False
 
     def __init__(self, config: Config, platform: Platform) -> None:

@@ -1,6 +1,7 @@
 """LoRA adapters on a real vLLM-CPU server (``actor.lora``): loaded per version through vLLM's
 ``/v1/load_lora_adapter``, named by requests, the previous one unloaded; checked against
-transformers with the adapter merged into the base weights."""
+transformers with the adapter merged into the base weights. ``actor.weight_update=xccl`` resolves
+to the disk path (vLLM's weight channel takes full weights only)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,15 @@ from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, lo
 from areal_core.api.errors import ArealError, ConfigError  # noqa: E402
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
+from areal_core.plugins import load_plugins  # noqa: E402
+from areal_core.resolve import resolve_config  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     check_adapter_updates,
+    generate_all,
+    greedy_request,
+    hf_greedy,
     perturbed_model,
+    random_adapter,
     save_tokenizer_without_eos,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
@@ -43,11 +50,26 @@ def test_lora_flags_and_env(tmp_path: Path) -> None:
         max_lora_rank(600)
 
 
+class RandomAdapterTrainer:
+    """Test double of the training workers for the disk updater: ``save_hf`` writes a random peft
+    adapter on ``base_dir`` (what a LoRA trainer saves); ``merged`` is the last one merged in."""
+
+    def __init__(self, base_dir: Path, seed: int) -> None:
+        self.base_dir, self.seed, self.merged = base_dir, seed, None
+
+    def save_hf(self, path: str) -> None:
+        self.merged = random_adapter(self.base_dir, path, LORA, seed=self.seed)
+
+
 @pytest.mark.slow
 def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path) -> None:
     base = ensure_tiny_model(TinyModelSpec(), ["abcdefghij0123456789+-= "], tmp_path / "models", seed=0)
-    config = load_config(None, [f"fileroot={tmp_path / 'runs'}", "rollout.engine=vllm", "actor.lora.rank=4",
-                                "actor.lora.alpha=8", "rollout.server_startup_timeout=300", "rollout.request_timeout=120"])
+    plugins = load_plugins()
+    requested = load_config(None, [f"fileroot={tmp_path / 'runs'}", "rollout.engine=vllm", "actor.lora.rank=4",
+                                   "actor.lora.alpha=8", "actor.weight_update=xccl",
+                                   "rollout.server_startup_timeout=300", "rollout.request_timeout=120"])
+    config, _ = resolve_config(requested, plugins)
+    assert config.actor.weight_update == "disk"  # vLLM takes adapters from disk only
     base_dir = config.run_dir / "weights" / "v0"
     base_model = perturbed_model(base, seed=0)
     base_model.save_pretrained(base_dir)
@@ -64,5 +86,18 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
         with pytest.raises(ArealError, match="areal-lora-v1"):
             engine._broadcast("/v1/unload_lora_adapter", {"lora_name": "areal-lora-v1"})
         assert address in engine.addresses
+        # version 3 through the updater the resolved config names
+        updater = plugins.get("weight_updater", config.actor.weight_update)(config, CpuPlatform())
+        trainer = RandomAdapterTrainer(base_dir, seed=3)
+        updater.connect(trainer, engine)
+        engine.pause()
+        try:
+            updater.update(3)
+        finally:
+            engine.resume()
+        assert engine.served_name == "areal-lora-v3"
+        outputs = generate_all(engine, [greedy_request(p, 12) for p in PROMPTS])
+        assert [r.output_ids for r in outputs] == [hf_greedy(trainer.merged, p, 12) for p in PROMPTS]
+        assert all(r.versions == [3] * 12 for r in outputs)
     finally:
         scheduler.stop_all()

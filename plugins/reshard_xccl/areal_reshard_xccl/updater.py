@@ -9,6 +9,8 @@ sends the weights through it and commits them on every server (``engine.commit_w
 Any failure before the commit closes the channel and raises :class:`WeightUpdateError`; the next
 update opens a fresh one (so a replaced server can join), as does a change of the engine's
 members. Pausing generation around the update, versions and the fleet's retry are the caller's.
+With ``actor.lora`` the trainer sends the adapter's tensors alone; a config whose engine cannot
+take them this way (``channel_takes_adapter`` False) is resolved to the ``disk`` path instead.
 """
 
 from __future__ import annotations
@@ -50,11 +52,6 @@ class XcclWeightUpdater(WeightUpdater):
             raise ConfigError(
                 "actor.weight_update",
                 f"engine {engine.name!r} has no weight channel for 'xccl'; use actor.weight_update=disk",
-            )
-        if self.config.actor.lora is not None and not engine.channel_takes_adapter:
-            raise ConfigError(
-                "actor.weight_update",
-                f"engine {engine.name!r} loads LoRA adapters from disk only; use actor.weight_update=disk with actor.lora",
             )
         self._trainer, self._engine = trainer, engine
         self._open()

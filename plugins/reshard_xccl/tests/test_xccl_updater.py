@@ -23,11 +23,13 @@ from hypothesis import strategies as st
 
 from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.errors import ConfigError
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.api.weight_channel import tensor_digest
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
+from areal_core.resolve import adapter_weight_path_note, resolve_config
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.train.worker_group import TrainWorkerGroup
@@ -305,13 +307,43 @@ def test_vllm_engine_serves_the_trainers_weights_after_an_xccl_update(tmp_path: 
             assert output == out[0, len(prompt) :].tolist()
 
 
-def test_lora_over_xccl_needs_an_engine_whose_channel_takes_adapters() -> None:
-    from areal_engine_sglang.client import SGLangEngine
+@pytest.mark.parametrize("engine", ["hf", "vllm", "sglang"])
+def test_lora_over_xccl_takes_disk_where_the_channel_takes_full_weights_only(engine: str, capsys) -> None:
+    from areal_core.cli import main
+    from areal_core.trainer import Trainer
 
-    from areal_core.api.errors import ConfigError
+    config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl", f"rollout.engine={engine}"])
+    plugins = load_plugins()
+    resolved, _ = resolve_config(config, plugins)
+    takes = plugins.get("engine", engine).channel_takes_adapter
+    assert takes == (engine == "hf") and resolved.actor.weight_update == ("xccl" if takes else "disk")
+    note = adapter_weight_path_note(config, plugins)
+    assert note == (None if takes else f"engine {engine!r} loads LoRA adapters from disk only: "
+                    "actor.weight_update=xccl uses the disk path for the adapter")
+    # without LoRA, or asked for disk, nothing changes
+    for other in (attrs.evolve(config, actor=attrs.evolve(config.actor, lora=None)),
+                  attrs.evolve(config, actor=attrs.evolve(config.actor, weight_update="disk"))):
+        assert resolve_config(other, plugins)[0].actor.weight_update == other.actor.weight_update
+    # a run says why (its config.yaml is the resolved config); `areal config` prints the path the
+    # run takes and says why on stderr
+    capsys.readouterr()
+    assert Trainer(config, plugins).config == resolved
+    assert capsys.readouterr().out == ("" if note is None else f"areal: {note}\n")
+    assert main(["config", "actor.lora.rank=4", "actor.weight_update=xccl", f"rollout.engine={engine}"]) == 0
+    out, err = capsys.readouterr()
+    assert f"weight_update: {resolved.actor.weight_update}" in out and (note is None or f"areal: note: {note}\n" in err)
 
-    config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl"])
-    updater = XcclWeightUpdater(config, CpuPlatform())
-    with pytest.raises(ConfigError, match=r"^actor\.weight_update: engine 'sglang' loads LoRA adapters from disk only"):
-        updater.connect(None, SGLangEngine(config, CpuPlatform()))  # type: ignore[arg-type]
-    assert HFEngine.channel_takes_adapter and not SGLangEngine.channel_takes_adapter
+
+def test_lora_over_xccl_without_the_disk_updater_says_what_to_install(areal_plugins) -> None:
+    import areal_engine_sglang
+    import areal_reshard_xccl
+
+    areal_plugins.add(areal_reshard_xccl)
+    areal_plugins.add(areal_engine_sglang)
+    config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl", "rollout.engine=sglang"])
+    with pytest.raises(ConfigError) as err:
+        resolve_config(config, areal_plugins.load())
+    assert str(err.value) == (
+        "actor.weight_update: xccl: engine 'sglang' loads LoRA adapters from disk only, and weight_updater 'disk' "
+        "is not installed; pip install areal-reshard-disk (installed weight_updaters: xccl)"
+    )
