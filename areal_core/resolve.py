@@ -36,6 +36,10 @@ def _get_dotted(config: Config, key: str) -> str | None:
 def resolve_config(config: Config, plugins: Plugins, *, require_available: bool = True) -> tuple[Config, Platform]:
     """Check ``config`` against the installed plugins; return the final config and its platform.
 
+    The final config is what plugins' ``areal_configure`` made of it, with ``platform: auto``
+    resolved and LoRA over ``xccl`` to an engine that loads adapters from disk set to ``disk``
+    (:func:`adapter_weight_path_note`).
+
     ``require_available=False`` (``areal config``) accepts a platform this machine cannot run, so a
     config for another machine validates here; every run path keeps the default.
     """
