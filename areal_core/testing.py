@@ -154,6 +154,16 @@ def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 
     raise AssertionError(f"the request finished before pause() {attempts} times in a row")
 
 
+def vllm_requests_running(address: str) -> int:
+    """``vllm:num_requests_running`` from the Prometheus metrics of the vLLM server at ``address``."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return int(sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, flags=re.M)))
+
+
 def save_tokenizer_without_eos(base: Any, out: Any) -> None:
     """Save ``base``'s tokenizer to ``out`` without an end-of-sequence token: servers that stop at
     the tokenizer's eos (vLLM) then run every request to its budget, like :func:`perturbed_model`."""

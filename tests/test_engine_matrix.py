@@ -18,7 +18,6 @@ import functools
 import importlib.util
 import json
 import os
-import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -47,6 +46,7 @@ from areal_core.testing import (
     pause_while_running,
     perturbed_model,
     save_tokenizer_without_eos,
+    vllm_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
@@ -84,13 +84,6 @@ def _running_hf(engine: Any) -> int:
     return engine.server_health()[0].running
 
 
-def _running_vllm(engine: Any) -> int:
-    """``vllm:num_requests_running`` from the server's Prometheus metrics."""
-    with urllib.request.urlopen(f"http://{engine.addresses[0]}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return int(sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, flags=re.M)))
-
-
 def _running_sglang(engine: Any) -> int:
     """``num_running_reqs`` of SGLang's ``GET /v1/loads`` (the fake serves it too)."""
     request = urllib.request.Request(f"http://{engine.addresses[0]}/v1/loads?include=core", headers=engine._headers())
@@ -98,7 +91,7 @@ def _running_sglang(engine: Any) -> int:
         return sum(load["num_running_reqs"] for load in json.loads(resp.read())["loads"])
 
 
-RUNNING = {"hf": _running_hf, "vllm": _running_vllm, SGLANG: _running_sglang}
+RUNNING = {"hf": _running_hf, "vllm": lambda engine: vllm_requests_running(engine.addresses[0]), SGLANG: _running_sglang}
 
 
 def _start_fake_sglang(engine: Any, scheduler: LocalScheduler) -> None:

