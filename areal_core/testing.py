@@ -154,14 +154,45 @@ def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 
     raise AssertionError(f"the request finished before pause() {attempts} times in a row")
 
 
-def vllm_requests_running(address: str) -> int:
-    """``vllm:num_requests_running`` from the Prometheus metrics of the vLLM server at ``address``."""
+def vllm_requests_running(engine: Any) -> int:
+    """``vllm:num_requests_running`` from the Prometheus metrics of ``engine``'s first vLLM server."""
     import re
     import urllib.request
 
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://{engine.addresses[0]}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     return int(sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, flags=re.M)))
+
+
+def sglang_requests_running(engine: Any) -> int:
+    """``num_running_reqs`` of SGLang's ``GET /v1/loads`` on ``engine``'s first server (the fake serves it too)."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{engine.addresses[0]}/v1/loads?include=core", headers=engine._headers())
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return sum(load["num_running_reqs"] for load in json.loads(resp.read())["loads"])
+
+
+def check_update_mid_generation(engine: Any, prompt: list[int], running: Any, versions: tuple[int, int], before: Any,
+                                update: Any, n: int = 300, tol: float = 1e-3) -> None:
+    """Pause ``engine`` while it greedily decodes ``n`` tokens of ``prompt`` (``running()``: the
+    server is decoding), ``update()`` (which returns the model served next), resume: the one response
+    is ``versions[0]`` tokens that follow ``before`` greedily, then ``versions[1]`` tokens that
+    follow the updated model."""
+    loop = LoopThread()
+    try:
+        future = pause_while_running(engine, lambda: loop.submit(engine.agenerate(greedy_request(prompt, n))), running)
+        after = update()
+        engine.resume()
+        resp = future.result(timeout=300)
+    finally:
+        loop.close()
+    old, new = versions
+    switch = resp.versions.index(new)
+    assert 0 < switch < n and resp.versions == [old] * switch + [new] * (n - switch)
+    assert_greedy_under(before, prompt, resp.output_ids[:switch], tol)
+    assert_greedy_under(after, prompt + resp.output_ids[:switch], resp.output_ids[switch:], tol)
 
 
 def save_tokenizer_without_eos(base: Any, out: Any) -> None:

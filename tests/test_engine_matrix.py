@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from areal_core.testing import (
     pause_while_running,
     perturbed_model,
     save_tokenizer_without_eos,
+    sglang_requests_running,
     vllm_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model
@@ -84,14 +84,7 @@ def _running_hf(engine: Any) -> int:
     return engine.server_health()[0].running
 
 
-def _running_sglang(engine: Any) -> int:
-    """``num_running_reqs`` of SGLang's ``GET /v1/loads`` (the fake serves it too)."""
-    request = urllib.request.Request(f"http://{engine.addresses[0]}/v1/loads?include=core", headers=engine._headers())
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return sum(load["num_running_reqs"] for load in json.loads(resp.read())["loads"])
-
-
-RUNNING = {"hf": _running_hf, "vllm": lambda engine: vllm_requests_running(engine.addresses[0]), SGLANG: _running_sglang}
+RUNNING = {"hf": _running_hf, "vllm": vllm_requests_running, SGLANG: sglang_requests_running}
 
 
 def _start_fake_sglang(engine: Any, scheduler: LocalScheduler) -> None:

@@ -21,13 +21,11 @@ from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
-    LoopThread,
-    assert_greedy_under,
+    check_update_mid_generation,
     generate_all,
     greedy_request,
     hf_greedy,
     load_model,
-    pause_while_running,
     perturbed_model,
 )
 from areal_core.train.fsdp_policy import FSDPPolicy
@@ -231,23 +229,14 @@ def test_hf_server_takes_the_adapter_from_disk_and_through_its_channel(policy: P
         check_against_trainer(served, policy, merged2, 2)
 
         policy.train(1)  # paused mid-generation, updated, resumed: one response over two versions
-        v3, n = policy.config.run_dir / "weights" / "v3", 300
+        v3 = policy.config.run_dir / "weights" / "v3"
         policy.engine.save_hf(v3)
-        loop = LoopThread()
-        try:
-            future = pause_while_running(
-                served,
-                lambda: loop.submit(served.agenerate(greedy_request(PROMPTS[0], n))),
-                lambda: served.server_health()[0].running >= 1,
-            )
+
+        def update() -> Any:
             served.load_weights_from_disk(str(v3), 3)
-            served.resume()
-            resp = future.result(timeout=300)
-        finally:
-            loop.close()
-        switch = resp.versions.index(3)
-        assert 0 < switch < n and resp.versions == [2] * switch + [3] * (n - switch)
-        assert_greedy_under(merged2, PROMPTS[0], resp.output_ids[:switch])
-        assert_greedy_under(policy.merged(tmp_path / "m3"), PROMPTS[0] + resp.output_ids[:switch], resp.output_ids[switch:])
+            return policy.merged(tmp_path / "m3")
+
+        check_update_mid_generation(served, PROMPTS[0], lambda: served.server_health()[0].running >= 1, (2, 3),
+                                    merged2, update)
     finally:
         scheduler.stop_all()

@@ -1,16 +1,19 @@
 """LoRA adapters on the sglang engine (``actor.lora``) against FakeSGLangServer (SGLang's native
 ``/load_lora_adapter`` / ``/unload_lora_adapter`` and ``lora_path`` in ``/generate``): one adapter per
-version, requests name it, the previous one unloaded; checked against transformers with the
-adapter merged into the base weights."""
+version, requests name it, the previous one unloaded, an update mid-generation; checked against
+transformers with the adapter merged into the base weights."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 
 pytest.importorskip("peft", reason="peft is not installed: pip install 'areal-core[lora]'")
+
+from peft import PeftModel  # noqa: E402
 
 from areal_core.config import Config, LoraConfig, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
 from areal_core.api.errors import ArealError  # noqa: E402
@@ -18,7 +21,11 @@ from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
     check_adapter_updates,
+    check_update_mid_generation,
+    load_model,
     perturbed_model,
+    random_adapter,
+    sglang_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 from areal_engine_sglang.client import SGLangEngine  # noqa: E402
@@ -56,3 +63,14 @@ def test_adapter_updates_follow_transformers_with_merged_weights(tmp_path: Path)
         assert status == 400 and "not loaded: areal-lora-v1" in reply["error"]["message"]
         with pytest.raises(ArealError, match="does not exist"):
             engine._broadcast("/unload_lora_adapter", {"lora_name": "areal-lora-v1"})
+        # an adapter update while a request decodes: it finishes under the new adapter
+        merged2 = PeftModel.from_pretrained(load_model(tmp_path / "base"), str(tmp_path / "v2")).merge_and_unload()
+
+        def update() -> Any:
+            merged3 = random_adapter(tmp_path / "base", tmp_path / "v3", LORA, seed=3)
+            engine.load_weights_from_disk(str(tmp_path / "v3"), 3)
+            return merged3
+
+        check_update_mid_generation(engine, PROMPTS[0], lambda: sglang_requests_running(engine) >= 1, (2, 3),
+                                    merged2.eval(), update, tol=LOGPROB_ATOL)
+        assert engine.adapter == "areal-lora-v3"
