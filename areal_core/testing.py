@@ -51,7 +51,7 @@ def areal_plugins() -> Iterator[PluginSetFactory]:
 
 
 # --------------------------------------------------------------------------- engine test kit
-# Helpers for testing an InferenceEngine against transformers (used by the hf and vllm tests).
+# Helpers for testing an InferenceEngine against transformers (used by the hf, vLLM and SGLang tests).
 # Heavy imports stay inside the functions: this module is loaded by every pytest session.
 
 
