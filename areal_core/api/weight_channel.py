@@ -43,6 +43,12 @@ class ChannelSpec:
     bucket_bytes: int
     timeout_s: float
     ranks_per_server: int = 1
+    #: Whether the servers load each bucket into the served model as it arrives (SGLang's group
+    #: protocol, vLLM's ``nccl``/``hccl``) instead of staging the update until the commit. Such a
+    #: server keeps no copy to roll back to: when an update fails once any bucket may have been
+    #: loaded, the updater sends the same version again at once on a fresh channel, and if that
+    #: fails too, every server of the channel leaves the fleet as lost (and is replaced).
+    loads_on_arrival: bool = False
 
     @property
     def world_size(self) -> int:

@@ -115,7 +115,10 @@ class HFEngine(HTTPServerEngine):
 
     def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
         """Gloo buckets from trainer rank 0 (:mod:`areal_core.builtin.engine_hf.channel`)."""
-        return self._channel_spec("areal_core.builtin.engine_hf.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name)
+        return self._channel_spec(
+            "areal_core.builtin.engine_hf.channel:HFWeightChannel", "gloo", master_addr, master_port, group_name,
+            loads_on_arrival=False,  # staged until /commit_weights
+        )
 
     def commit_weights(self, version: int) -> None:
         """Phase two of a collective update: :meth:`commit_staged` (``/commit_weights``, undone by

@@ -19,8 +19,9 @@ trainer half (:mod:`areal_engine_sglang.channel`: SGLang's group handshake, then
 ``/begin_weight_update`` session) and ``commit_weights`` ends the session and sets the version.
 SGLang 0.5.23 loads each bucket into the served model as it arrives (there is no staging API), so
 until the commit only paused generation (the trainer pauses around updates) keeps tokens off a
-half-updated model, and a transfer that fails midway leaves a mix of old and new weights until
-the next successful update.
+half-updated model, and the channel says so (``ChannelSpec.loads_on_arrival``): an update that
+fails midway is sent again at once, and if that fails too its servers are replaced (see
+:class:`~areal_reshard_xccl.updater.XcclWeightUpdater`), so none serves a mix of old and new weights.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class SGLangEngine(HTTPServerEngine):
             master_addr,
             master_port,
             group_name,
+            loads_on_arrival=True,  # SGLang has no staging API
         )
 
     def commit_weights(self, version: int) -> None:

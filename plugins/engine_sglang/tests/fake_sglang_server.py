@@ -27,6 +27,11 @@ a request naming another adapter than the running requests' is a 400; SGLang bat
 
 Usage: ``python fake_sglang_server.py --model-path DIR --port N [--api-key KEY] [--weight-version V]``;
 other ``sglang.launch_server`` flags are accepted and ignored.
+
+Test hook (the fake's own, not SGLang's): with ``AREAL_SGLANG_FAIL_BUCKET=2,3`` the second bucket of
+the 2nd and 3rd weight-update sessions (``/begin_weight_update`` calls since start) is received but
+not loaded, answered as SGLang answers a load that fails midway ("Failed to update parameter
+online ... partially updated"): the buckets before it stay loaded.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ import sglang_weight_group  # a sibling (this file runs as a script): SGLang's o
 log = logging.getLogger("fake_sglang_server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUIRED = object()
+#: The test hook (see the module docstring): weight-update session numbers whose second bucket fails.
+FAIL_BUCKET_ENV = "AREAL_SGLANG_FAIL_BUCKET"
 
 # Server-side field tables (name -> default; REQUIRED = no default). Unknown keys are ignored, as
 # SGLang's pydantic schemas for these msgspec structs do ("extra_behavior=ignore").
@@ -80,6 +87,7 @@ DISTRIBUTED_FIELDS = {
     "selector": "all", "torch_empty_cache": False,
 }  # fmt: skip
 SESSION_FIELDS = {"selector": "all"}
+WEIGHTS_BY_NAME_FIELDS = {"name": REQUIRED, "truncate_size": 100}
 VERSION_FIELDS = {"new_version": REQUIRED, "abort_all_requests": True}
 #: ``sglang.api.v1.SamplingParams``: the only object of the ``/generate`` contract that rejects unknown keys.
 SAMPLING_KEYS = (
@@ -179,6 +187,8 @@ class FakeSGLangServer:
         self.versions = [weight_version]  # Generator.version indexes this list
         self.groups: dict[str, Any] = {}  # group name -> torch ProcessGroup
         self.session_open = False
+        self.sessions = 0  # weight-update sessions begun (the test hook counts them)
+        self.session_buckets = 0  # buckets received in the current one
         self.paused = False
         self.writing = False  # SGLang's model_update_lock writer: new requests wait, running ones finish
         self.inflight = 0
@@ -207,6 +217,8 @@ class FakeSGLangServer:
         ):
             app.router.add_post(path, self._on_scheduler(handler))
         app.router.add_post("/update_weight_version", self.update_weight_version)
+        app.router.add_route("GET", "/get_weights_by_name", self.get_weights_by_name)
+        app.router.add_route("POST", "/get_weights_by_name", self.get_weights_by_name)
         app.router.add_post("/load_lora_adapter", self._on_scheduler(self.load_lora_adapter))
         app.router.add_post("/unload_lora_adapter", self._on_scheduler(self.unload_lora_adapter))
 
@@ -565,6 +577,7 @@ class FakeSGLangServer:
             message = "a weight-update session is already open; call end_weight_update() first"
             return web.json_response({"success": False, "message": message}, status=400)
         self.session_open = True
+        self.sessions, self.session_buckets = self.sessions + 1, 0
         return web.json_response({"success": True, "message": "Success"})
 
     async def end_weight_update(self, request: web.Request) -> web.Response:
@@ -602,7 +615,10 @@ class FakeSGLangServer:
             tensors = await asyncio.to_thread(_receive, group, f["load_format"], names, dtypes, shapes)
         except Exception as exc:  # noqa: BLE001 - as SGLang: the call fails, the server keeps serving
             return False, f"Failed to receive weights: {exc}"
+        self.session_buckets += 1
         try:
+            if self.session_buckets == 2 and str(self.sessions) in os.environ.get(FAIL_BUCKET_ENV, "").split(","):
+                raise RuntimeError(f"{FAIL_BUCKET_ENV}: bucket 2 of session {self.sessions} fails on purpose (test hook)")
             await self.gen.on_model_thread(lambda: copy_into_model(self.gen.model, dict(tensors), complete=False))
         except Exception as exc:  # noqa: BLE001
             return False, (
@@ -611,6 +627,24 @@ class FakeSGLangServer:
             )
         log.info("loaded %d tensors from group %r", len(tensors), f["group_name"])
         return True, "Succeeded to update parameter online."
+
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        """The parameter ``name`` as float32 values (2-D: rows), its first ``truncate_size`` entries;
+        a tied ``lm_head.weight`` is the embedding's. SGLang maps fused parameters (``qkv_proj``);
+        the fake serves the transformers model's own names."""
+        f = await _fields(request, WEIGHTS_BY_NAME_FIELDS)
+
+        def read() -> Any:
+            params = dict(self.gen.model.named_parameters())
+            name = str(f["name"])
+            if name == "lm_head.weight" and name not in params:
+                name = "model.embed_tokens.weight"
+            return params[name].detach().cpu().to(torch.float32).numpy().tolist()[: int(f["truncate_size"])]
+
+        try:
+            return web.json_response(await self.gen.on_model_thread(read))
+        except KeyError:  # SGLang logs the error and answers with the route's generic message
+            raise _value_error("Get parameter by name failed") from None
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         f = await _fields(request, VERSION_FIELDS)

@@ -136,14 +136,17 @@ class VLLMEngine(HTTPServerEngine):
     def weight_channel(self, master_addr: str, master_port: int, group_name: str) -> ChannelSpec:
         """vLLM's trainer engine for :attr:`transfer_backend`, driven from every training rank by
         :class:`~areal_engine_vllm.channel.VLLMWeightChannel`."""
+        backend = self.transfer_backend
         return self._channel_spec(
-            "areal_engine_vllm.channel:VLLMWeightChannel", self.transfer_backend, master_addr, master_port, group_name
+            "areal_engine_vllm.channel:VLLMWeightChannel", backend, master_addr, master_port, group_name,
+            loads_on_arrival=backend != "areal_gloo",  # only ours stages until the commit
         )
 
     def commit_weights(self, version: int) -> None:
         """Phase two of a collective update: :meth:`commit_staged` (``/areal/commit_weights``, undone
-        by ``/areal/rollback_weights``). With vLLM's ``nccl``, which loads on arrival, a commit only
-        sets the version and a rollback is refused (the server is then replaced)."""
+        by ``/areal/rollback_weights``). With vLLM's ``nccl``, which loads on arrival
+        (``ChannelSpec.loads_on_arrival``), a commit only sets the version and a rollback is refused
+        (the server is then replaced)."""
         self.commit_staged(version)
 
     def weights_digest(self) -> list[dict[str, str]]:
