@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         parser.error(f"set {TOKEN_ENV} to the bearer token clients will send")
     log.info("loading %s (%s), serving on %s:%d", args.model, args.dtype, args.host, args.port)
-    web.run_app(build_app(args, token), host=args.host, port=args.port, print=None, access_log=None)
+    # SIGTERM means the run is stopping: requests still open (held by a pause, or decoding) are not
+    # waited for (aiohttp's default grace is 60 s), their clients are gone or re-submit elsewhere
+    web.run_app(build_app(args, token), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":
