@@ -201,7 +201,7 @@ def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(clust
 def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_path, marks):
     """``ray job submit --working-dir DIR -- areal run config.yaml``: through the head's dashboard
     (``ray[default]``), the controller is the job's driver on the head, ``ray.address=auto`` (the
-    default) finds the job's cluster, the server lands on node 2 and the run finishes."""
+    default) finds the job's cluster and the run finishes."""
     address = dashboard(cluster)
     assert address, f"the cluster at {cluster} has no dashboard: install areal-core[ray] (ray[default])"
     job_dir = tmp_path / "job"  # what --working-dir ships: the config
