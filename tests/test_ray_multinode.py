@@ -198,10 +198,11 @@ def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(clust
     wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")
 
 
-def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_path, marks):
+def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_path, marks, monkeypatch):
     """``ray job submit --working-dir DIR -- areal run config.yaml``: through the head's dashboard
     (``ray[default]``), the controller is the job's driver on the head, ``ray.address=auto`` (the
     default) finds the job's cluster and the run finishes."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the job client would take it over --address
     address = dashboard(cluster)
     assert address, f"the cluster at {cluster} has no dashboard: install areal-core[ray] (ray[default])"
     job_dir = tmp_path / "job"  # what --working-dir ships: the config
