@@ -38,6 +38,15 @@ def node_ports() -> list[str]:
     return [f"{flag}={free_port()}" for flag in flags]
 
 
+def worker_ports(ip: str) -> list[str]:
+    """The worker ports of the node at 127.0.0.N, 500 of its own from 30000 + 500 * (N - 2): clear of
+    Ray's default range (10002-19999, .ci/run's one-node cluster), .ci/run's two-node cluster
+    (20002-25999) and the ephemeral ports (32768 on)."""
+    first = 30000 + 500 * (int(ip.rsplit(".", 1)[1]) - 2)
+    assert 30000 <= first and first + 499 < 32768, f"no worker port range for a node at {ip}"
+    return [f"--min-worker-port={first}", f"--max-worker-port={first + 499}"]
+
+
 def resources(cpus: int, custom: dict[str, float]) -> list[str]:
     return [f"--num-cpus={cpus}", f"--resources={custom!r}".replace("'", '"')]
 
@@ -55,13 +64,14 @@ def stop_marked(mark: str, timeout: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
-    """A head node on :data:`HEAD_IP` (temp dir under /tmp, free ports); yields its address."""
+    """A head node on :data:`HEAD_IP` (temp dir under /tmp, free ports) with its dashboard, which
+    takes ``ray job submit`` (``ray[default]``); yields its address."""
     temp_dir = tempfile.mkdtemp(prefix="ray-mn", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     mark = uuid.uuid4().hex
     address = f"{HEAD_IP}:{free_port()}"
     cmd = [*RAY_START, "--head", f"--node-ip-address={HEAD_IP}", f"--port={address.rsplit(':', 1)[1]}",
-           "--include-dashboard=false", f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
-           *node_ports(), *resources(cpus, custom)]
+           f"--dashboard-host={HEAD_IP}", f"--dashboard-port={free_port()}", f"--temp-dir={temp_dir}",
+           f"--ray-client-server-port={free_port()}", *node_ports(), *resources(cpus, custom)]
     try:
         started = subprocess.run(cmd, check=False, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
                                  timeout=180)
@@ -75,10 +85,15 @@ def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
 @contextlib.contextmanager
 def worker_node(address: str, ip: str, cpus: int, custom: dict[str, float], wrap: list[str] = ()) -> Iterator[str]:
     """A node at ``ip`` joined to the cluster at ``address`` (``ray start --block``, started through
-    ``wrap``, e.g. ``unshare``); yields its mark. The node is stopped on exit."""
+    ``wrap``, e.g. ``unshare``); yields its mark. The node is stopped on exit.
+
+    Its temp dir is its own, as on a machine of its own: nodes sharing one share their runtime
+    resources, and each would unpack a job's working directory over the others' (under the driver).
+    """
     mark = uuid.uuid4().hex
-    cmd = [*wrap, *RAY_START, f"--address={address}", f"--node-ip-address={ip}", "--block", *node_ports(),
-           *resources(cpus, custom)]
+    temp_dir = tempfile.mkdtemp(prefix=f"ray-{ip.rsplit('.', 1)[1]}-", dir="/tmp")  # short: socket paths
+    cmd = [*wrap, *RAY_START, f"--address={address}", f"--node-ip-address={ip}", "--block", f"--temp-dir={temp_dir}",
+           *node_ports(), *worker_ports(ip), *resources(cpus, custom)]
     log = Path(tempfile.mkstemp(prefix=f"ray-node-{ip}-", suffix=".log")[1])
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env={**os.environ, **NODE_ENV, MARK: mark}, stdout=out, stderr=subprocess.STDOUT)
@@ -89,6 +104,7 @@ def worker_node(address: str, ip: str, cpus: int, custom: dict[str, float], wrap
         stop_marked(mark)
         proc.wait(30)
         log.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", temp_dir], check=False)
 
 
 def wait_for_node(address: str, ip: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
@@ -103,6 +119,12 @@ def wait_for_node(address: str, ip: str, proc: subprocess.Popen, log: Path, time
             return
         time.sleep(1)
     raise AssertionError(f"node {ip} did not join {address}: {log.read_text()[-3000:]}")
+
+
+def dashboard(address: str) -> str:
+    """``HOST:PORT`` of the dashboard of the cluster at ``address`` (asked in a subprocess); empty if none."""
+    probe = f"import ray; print(ray.init(address={address!r}, log_to_driver=False).dashboard_url or '')"
+    return subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=120).stdout.strip()
 
 
 def raylet_pid(mark: str) -> int:

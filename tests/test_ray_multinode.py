@@ -11,20 +11,24 @@ cluster; otherwise a module fixture starts one. Tests that lose a node add a nod
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from quickstart_runs import LAUNCHER, MARK, marked_pids, run_args, start, wait_until
-from ray_nodes import HEAD_IP, head, node_of, raylet_pid, worker_node
+from quickstart_runs import CONFIG, LAUNCHER, MARK, SHORT_RUN, marked_pids, run_args, start, wait_until
+from ray_nodes import HEAD_IP, dashboard, head, node_of, raylet_pid, worker_node
 
+from areal_core.api.errors import ProcessFailedError
 from areal_core.control_endpoint import control_call
 from areal_core.rollout.ledger import audit, read_ledger
 
@@ -34,6 +38,7 @@ pytestmark = pytest.mark.slow
 NODE2_IP = "127.0.0.2"
 DOOMED_IP = "127.0.0.4"  # a node a test adds, then loses
 ISOLATED_IP = "127.0.0.5"  # a node a test adds with its own view of the filesystem
+TRAINING_IP = "127.0.0.6"  # the training node a test adds, loses, then adds again
 HEAD_RESOURCES = {"train": 1, "spot": 1}  # spot: the spare that replaces a lost node's server
 PLACED = ["ray.server_resources={rollout: 1}", "ray.trainer_resources={train: 1}"]
 RUN = ["total_train_steps=3", "train_dataset.size=24", "train_dataset.batch_size=4", "stats.eval_every=0"]
@@ -191,3 +196,100 @@ def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(clust
     assert line.endswith("use a shared filesystem or actor.weight_update=xccl")
     assert not list(node_local.iterdir())  # nothing written where the node looked
     wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")
+
+
+def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_path, marks, monkeypatch):
+    """``ray job submit --working-dir DIR -- areal run config.yaml``: through the head's dashboard
+    (``ray[default]``), the controller is the job's driver on the head, ``ray.address=auto`` (the
+    default) finds the job's cluster and the run finishes."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the job client would take it over --address
+    address = dashboard(cluster)
+    assert address, f"the cluster at {cluster} has no dashboard: install areal-core[ray] (ray[default])"
+    job_dir = tmp_path / "job"  # what --working-dir ships: the config
+    job_dir.mkdir()
+    shutil.copy(CONFIG, job_dir / "config.yaml")
+    mark = marks()
+    run_dir = tmp_path / "quickstart" / "job"
+    submission = f"areal-test-{mark[:12]}"
+    overrides = [f"fileroot={tmp_path}", "trial_name=job", *SHORT_RUN, *RUN, "scheduler=ray", *PLACED]
+    submit = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", f"--address=http://{address}",
+              f"--submission-id={submission}", f"--working-dir={job_dir}",
+              f"--runtime-env-json={json.dumps({'env_vars': {MARK: mark}})}",  # the job's processes carry the mark
+              "--", "areal", "run", "config.yaml", *overrides]
+    proc = start(submit, mark)
+    control = run_dir / "control.json"
+    wait_until(lambda: control.exists() or proc.poll() is not None, 300, "the controller's control.json")
+    assert control.exists(), proc.stdout.read()[-3000:]
+    controller_pid = json.loads(control.read_text())["pid"]
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]  # `ray job submit` exits 0 when the job succeeded
+    wait_until(lambda: not marked_pids(mark), 60, "every process of the job to exit")
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(f"http://{address}")
+    info = client.get_job_info(submission)
+    assert info.status == JobStatus.SUCCEEDED, info
+    assert info.driver_info is not None and int(info.driver_info.pid) == controller_pid  # the controller is the driver
+    assert info.driver_info.node_ip_address == cluster.rsplit(":", 1)[0]  # on the head
+    logs = client.get_job_logs(submission)
+    assert "steps 3" in logs and "final model" in logs, logs[-3000:]
+    ledger_is_clean(run_dir, 3 * 4)
+
+
+def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last_recover_point(cluster, tmp_path,
+                                                                                                marks):
+    """The trainer runs on a node of its own (``{"training": 1}``), whose raylet is killed after the
+    step-1 recover point: a trainer failure (exit 3, restartable), nothing left running. A training
+    node comes back (started while the run stops) and the rerun (``recover.mode=auto``) resumes from
+    step 1 and finishes; no sample is lost. The controller is frozen (SIGSTOP) from the recover point
+    until the node's processes are gone, so that the loss lands mid-run however fast the steps are."""
+    steps = 3
+    mark = marks()
+    run_dir = tmp_path / "quickstart" / "lost-trainer"
+    latest = run_dir / "recover" / "latest.json"
+    args = ["ray.server_resources={rollout: 1}", "ray.trainer_resources={training: 1}", "recover.mode=auto",
+            "recover.freq_steps=1", f"total_train_steps={steps}"]
+    with contextlib.ExitStack() as nodes:
+        node = nodes.enter_context(worker_node(cluster, TRAINING_IP, 1, {"training": 1}))
+        proc = launch(tmp_path, "lost-trainer", cluster, mark, *args)
+        wait_until(lambda: latest.exists() or proc.poll() is not None, 300, "the step-1 recover point")
+        controller = json.loads((run_dir / "control.json").read_text())["pid"]
+        os.kill(controller, signal.SIGSTOP)
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        trainer = placement(mark, b"areal_core.train.worker")
+        ((trainer_node, _),) = trainer.values()
+        assert trainer_node[0] == TRAINING_IP
+        os.kill(raylet_pid(node), signal.SIGKILL)  # the node is gone with the training worker
+        wait_until(lambda: not set(trainer) & set(marked_pids(mark)), 60, "the training worker to go with its node")
+        os.kill(controller, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        first = collect(proc)
+        nodes.enter_context(worker_node(cluster, TRAINING_IP, 1, {"training": 1}))  # the node is back
+        out, exited_at = first()
+        assert proc.returncode == ProcessFailedError.exit_code, out[-4000:]  # restartable
+        (error,) = [line for line in out.splitlines() if line.startswith("areal: error:")]
+        assert error.startswith("areal: error: trainer0 exited"), out[-3000:]
+        wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")  # no orphan
+        assert json.loads(latest.read_text())["step"] == 1
+
+        mark = marks()
+        out = finish(launch(tmp_path, "lost-trainer", cluster, mark, *args), mark)
+    assert "recovered from step 1" in out, out[-3000:]
+    assert json.loads(latest.read_text())["step"] == steps
+    ledger_is_clean(run_dir, steps * 4)
+    print(f"\ntraining node lost -> controller exited {exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
+
+
+def collect(proc: subprocess.Popen) -> Callable[[], tuple[str, float]]:
+    """Read ``proc``'s output in a thread until it exits; the returned call waits for its output and exit time."""
+    result: list[tuple[str, float]] = []
+    reader = threading.Thread(target=lambda: result.append((proc.communicate(timeout=300)[0], time.monotonic())))
+    reader.start()
+
+    def done() -> tuple[str, float]:
+        reader.join(300)
+        assert result, "the run did not exit"
+        return result[0]
+
+    return done

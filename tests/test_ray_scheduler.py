@@ -200,6 +200,15 @@ def test_an_address_without_a_cluster_is_a_config_error():
     assert not ray.is_initialized()
 
 
+def test_auto_connects_to_the_cluster_ray_address_names(ray_address, monkeypatch):
+    """``ray.address=auto`` (the default) finds the cluster in ``RAY_ADDRESS``, as Ray sets it for a job's driver."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    with RayScheduler(ray_config("auto"), CpuPlatform()):
+        # that cluster's GCS port (Ray reports 127.0.0.1 as the machine's outward IP)
+        assert ray.get_runtime_context().gcs_address.rsplit(":", 1)[1] == ray_address.rsplit(":", 1)[1]
+    assert not ray.is_initialized()
+
+
 def test_a_killed_controller_leaves_no_process(ray_address, marks):
     mark = marks()
     driver = textwrap.dedent(f"""
