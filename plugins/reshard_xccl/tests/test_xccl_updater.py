@@ -312,6 +312,8 @@ def test_lora_over_xccl_takes_disk_where_the_channel_takes_full_weights_only(eng
     from areal_core.cli import main
     from areal_core.trainer import Trainer
 
+    if engine != "hf" and importlib.util.find_spec(f"areal_engine_{engine}") is None:
+        pytest.skip(f"plugins/engine_{engine} is not installed: pip install -e plugins/engine_{engine}")
     config = load_config(None, ["actor.lora.rank=4", "actor.weight_update=xccl", f"rollout.engine={engine}"])
     plugins = load_plugins()
     resolved, _ = resolve_config(config, plugins)
