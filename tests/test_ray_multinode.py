@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 NODE2_IP = "127.0.0.2"
 DOOMED_IP = "127.0.0.4"  # a node a test adds, then loses
 ISOLATED_IP = "127.0.0.5"  # a node a test adds with its own view of the filesystem
-TRAINING_IP = "127.0.0.6"  # the training node a test adds, loses, then adds again
+TRAINING_IP = "127.0.0.6"  # a training node a test adds (one loses it, then adds it again)
 HEAD_RESOURCES = {"train": 1, "spot": 1}  # spot: the spare that replaces a lost node's server
 PLACED = ["ray.server_resources={rollout: 1}", "ray.trainer_resources={train: 1}"]
 RUN = ["total_train_steps=3", "train_dataset.size=24", "train_dataset.batch_size=4", "stats.eval_every=0"]
@@ -120,6 +120,27 @@ def test_servers_on_node_2_trainer_on_node_1_every_address_routable(cluster, tmp
     assert addresses and all(a.startswith(f"{NODE2_IP}:") for a in addresses), members  # advertised
     assert "final model" in out
     ledger_is_clean(run_dir, 3 * 4)  # steps x prompts (an episode is a prompt's group)
+
+
+def test_fsdp2_training_spans_two_nodes(cluster, tmp_path, marks):
+    """``actor.world_size=2`` with one ``{"train": 1}`` per rank: rank 0 on the head, rank 1 on a
+    node the test adds; the FSDP2 group meets at rank 0's node address and the run finishes."""
+    mark = marks()
+    run_dir = tmp_path / "quickstart" / "span"
+    with worker_node(cluster, TRAINING_IP, 1, {"train": 1}):
+        proc = launch(tmp_path, "span", cluster, mark, *PLACED, "actor.world_size=2")
+        seen: dict[int, tuple] = {}
+
+        def observe() -> bool:
+            seen.update(placement(mark, b"areal_core.train.worker"))
+            return (len(seen) == 2 and all(node for node, _ in seen.values())) or proc.poll() is not None
+
+        wait_until(observe, 300, "both training ranks up")
+        out = finish(proc, mark)
+    nodes = {node for node, _ in seen.values()}
+    assert {ip for ip, _ in nodes} == {HEAD_IP, TRAINING_IP} and len(nodes) == 2, seen  # one rank per node
+    assert "final model" in out
+    ledger_is_clean(run_dir, 3 * 4)
 
 
 @contextlib.contextmanager
