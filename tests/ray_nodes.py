@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 from quickstart_runs import MARK, kill_marked, marked_pids
 
 from areal_core.api.scheduler import free_port
@@ -52,7 +53,9 @@ def resources(cpus: int, custom: dict[str, float]) -> list[str]:
 
 
 def stop_marked(mark: str, timeout: float = 10.0) -> None:
-    """SIGTERM every process carrying ``mark``, SIGKILL what is left after ``timeout``."""
+    """SIGTERM every process carrying ``mark``, SIGKILL what is left after ``timeout``; then the
+    unmarked descendants they had (Ray starts its agents with a clean environment)."""
+    unmarked = _descendants(marked_pids(mark))
     for pid in marked_pids(mark):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -60,6 +63,17 @@ def stop_marked(mark: str, timeout: float = 10.0) -> None:
     while marked_pids(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     kill_marked(mark)
+    for proc in unmarked:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def _descendants(pids: list[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found += psutil.Process(pid).children(recursive=True)
+    return found
 
 
 @contextlib.contextmanager
