@@ -141,7 +141,7 @@ class Trainer:
             say(f"run dir {self.run_dir}; {len(train_items)} train / {len(valid_items)} held-out items; model {model_path}")
             config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
             (self.run_dir / "config.yaml").write_text(dump_yaml(config))
-            _stop_on_sigterm()
+            _stop_on_signals()
             with _Planes(config, self.plugins, self.platform) as planes:
                 loop = _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes), fixed)
                 return loop.run(self.created)
@@ -211,13 +211,15 @@ class _Planes:
         self._stack.callback(callback)
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (from a launcher or scheduler) unwinds like Ctrl-C, so every plane is stopped."""
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM (from a launcher or scheduler) unwind like Ctrl-C, so every plane is
+    stopped; also where SIGINT was inherited ignored (a shell's background job, ``nohup ... &``)."""
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _fit(items: list[dict], tokenizer: Any, config: Config, dataset: DatasetConfig | None, split: str) -> list[dict]:

@@ -69,10 +69,12 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
         time.sleep(0.2)
 
 
-def start(cmd: list[str], mark: str) -> subprocess.Popen:
-    """Start ``cmd`` with ``mark`` in its environment; stdout and stderr together as text."""
+def start(cmd: list[str], mark: str, *, sigint_ignored: bool = False) -> subprocess.Popen:
+    """Start ``cmd`` with ``mark`` in its environment; stdout and stderr together as text.
+    ``sigint_ignored``: it inherits SIGINT ignored, as a shell's background job does."""
     env = {**os.environ, MARK: mark, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
 
 
 @pytest.fixture

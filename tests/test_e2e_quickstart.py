@@ -50,9 +50,12 @@ def test_killed_run_recovers_to_the_uninterrupted_result(uninterrupted_run, mark
     assert_same_params(whole_dir, killed_dir)
 
 
-def test_ctrl_c_stops_every_process(tmp_path, marks):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_ctrl_c_stops_every_process(tmp_path, marks, sigint_ignored):
+    """SIGINT to the launcher stops every process, also where SIGINT was inherited ignored (a
+    shell's background job: the controller must not keep ignoring the launcher's forwarded SIGINT)."""
     mark = marks()
-    proc = start([*LAUNCHER, *run_args(tmp_path, "sigint", "total_train_steps=500")], mark)
+    proc = start([*LAUNCHER, *run_args(tmp_path, "sigint", "total_train_steps=500")], mark, sigint_ignored=sigint_ignored)
     wait_for_first_step(proc, tmp_path / "quickstart" / "sigint")
     assert len(marked_pids(mark)) >= 4  # launcher, controller, server, trainer worker (+ reward worker)
     proc.send_signal(signal.SIGINT)
