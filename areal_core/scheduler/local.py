@@ -39,14 +39,16 @@ class LocalProcess(ProcessHandle):
         return self.popen.poll()
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        _signal_group(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        """SIGTERM the process's group, SIGKILL after ``timeout``; then SIGKILL what is left of
+        the group (children of a leader that died first, e.g. by SIGKILL, would run on as orphans)."""
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
 
 
 _PR_SET_PDEATHSIG = 1
@@ -131,6 +133,7 @@ class LocalScheduler(Scheduler):
         return list(self.processes)
 
     def stop_all(self) -> None:
+        """Stop every process as :meth:`LocalProcess.stop` does, all groups signalled at once."""
         for proc in self.processes:
             if proc.alive():
                 _signal_group(proc.pid, signal.SIGTERM)
@@ -139,8 +142,9 @@ class LocalScheduler(Scheduler):
             try:
                 proc.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.popen.wait()
+                pass
+            _signal_group(proc.pid, signal.SIGKILL)  # a dead leader's children, or a leader that would not stop
+            proc.popen.wait()
 
 
 def _device_count(platform: Platform) -> int | None:

@@ -1,0 +1,61 @@
+"""The local scheduler stops a process's whole group, also after its leader died first (a SIGKILLed
+vLLM server leaves its engine-core child running otherwise)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_core.api.scheduler import ProcessSpec
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.scheduler.local import LocalScheduler
+
+# The leader starts a child that outlives it (as vLLM's EngineCore does), writes its pid, then waits.
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped running
+    except FileNotFoundError:
+        return False
+
+
+def _start_parent(scheduler: LocalScheduler, tmp_path: Path, name: str) -> tuple[object, int]:
+    pid_file = tmp_path / f"{name}.pid"
+    handle = scheduler.start(ProcessSpec(name=name, cmd=[sys.executable, "-c", _PARENT, str(pid_file)]))
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, f"{name} did not start its child"
+        time.sleep(0.05)
+    return handle, int(pid_file.read_text())
+
+
+@pytest.mark.parametrize("stop", ["handle", "stop_all"])
+def test_stopping_a_process_whose_leader_was_killed_stops_its_orphaned_child(tmp_path, stop):
+    scheduler = LocalScheduler(CpuPlatform())
+    handle, child = _start_parent(scheduler, tmp_path, "server0")
+    try:
+        os.kill(handle.pid, signal.SIGKILL)
+        handle.popen.wait(10)
+        assert _running(child), "the child should outlive its SIGKILLed leader (else this test shows nothing)"
+        handle.stop(timeout=2.0) if stop == "handle" else scheduler.stop_all()
+        deadline = time.monotonic() + 5
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), f"pid {child} (the dead leader's child) still runs after {stop}"
+    finally:
+        scheduler.stop_all()
+        if _running(child):
+            os.kill(child, signal.SIGKILL)
