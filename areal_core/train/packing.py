@@ -30,16 +30,20 @@ def first_fit_decreasing(lengths: Sequence[int], max_tokens: int) -> list[list[i
         raise ValueError(f"max_tokens={max_tokens} must be >= 1")
     _check_lengths(lengths)
     bins: list[list[int]] = []
-    room: list[int] = []  # free tokens left in each bin
+    room: dict[int, int] = {}  # free tokens left in each bin that can still take the shortest sequence
+    shortest = min(lengths, default=0)
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         n = lengths[i]
-        slot = next((b for b, free in enumerate(room) if free >= n), None)
+        slot = next((b for b, free in room.items() if free >= n), None)  # dicts keep bin order
         if slot is None:
+            slot = len(bins)
             bins.append([i])
-            room.append(max(max_tokens - n, 0))  # an oversize sequence fills its bin
+            room[slot] = max(max_tokens - n, 0)  # an oversize sequence fills its bin
         else:
             bins[slot].append(i)
             room[slot] -= n
+        if room[slot] < shortest:  # full for good: no longer scanned
+            del room[slot]
     return [sorted(b) for b in bins]
 
 
@@ -133,7 +137,7 @@ def pack_per_token(values: Sequence[Sequence[float]], batch: PackedBatch, dtype:
     for i, n in zip(batch.indices, batch.seq_lens):
         if len(values[i]) != n:
             raise ValueError(f"values[{i}] has {len(values[i])} entries but sequence {i} has {n} tokens")
-    return torch.cat([torch.as_tensor(values[i], dtype=dtype) for i in batch.indices])
+    return torch.tensor([x for i in batch.indices for x in values[i]], dtype=dtype)
 
 
 def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,19 @@ if TYPE_CHECKING:
     from areal_core.train.fsdp_policy import FSDPPolicy
 
 AUTHKEY_ENV = "AREAL_TRAIN_AUTHKEY"
+
+
+def no_delay(conn: Connection) -> Connection:
+    """Turn Nagle's algorithm off on ``conn``'s TCP socket. A message over 16 KiB (a train step's
+    batch) goes out as a 4-byte header write and a body write; with Nagle the body waits for the
+    header's delayed ACK, ~40 ms per call on Linux loopback."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
+    return conn
 
 
 @attrs.frozen
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("AREAL_NUM_THREADS", "1")))
     os.environ.update(RANK=str(args.rank), WORLD_SIZE=str(args.world_size), LOCAL_RANK=str(args.rank))
     host, _, port = args.controller.rpartition(":")
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    conn = no_delay(Client((host, int(port)), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV])))
     conn.send(Hello(args.rank))
     try:
         serve(conn, args.rank)

@@ -37,6 +37,7 @@ from areal_core.train.worker import (
     Reply,
     Shutdown,
     command_name,
+    no_delay,
 )
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class TrainWorkerGroup:
         def accept_loop() -> None:
             while len(by_rank) < self.world_size and not closing.is_set():
                 try:
-                    conn = self._listener.accept()
+                    conn = no_delay(self._listener.accept())
                 except (OSError, AuthenticationError):  # a stray client
                     continue
                 try:
