@@ -313,8 +313,8 @@ def main() -> None:
     print(f"{args.in_flight} episodes in flight x {args.n_samples} requests, {args.agent_share:.0%} agent episodes "
           f"({args.turns} turns), offered {args.rate:.0f} req/s, lognormal decode median {args.median_s:.0f}s "
           f"sigma {args.sigma}, {args.cpus or 'all'} core(s)")
-    width = 16 if args.repeats == 1 else 22
-    header = f"{'servers':>8}" + "".join(f"{h:>{width}}" for _, h, _ in COLUMNS)
+    width = 15 if args.repeats == 1 else 25  # each column also has a leading space: wide values never run together
+    header = f"{'servers':>8}" + "".join(f" {h:>{width}}" for _, h, _ in COLUMNS)
     print(header)
     for servers in args.servers:
         rows = []
@@ -322,7 +322,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", *_with_servers(sys.argv[1:], servers)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        line = f"{servers:>8}" + "".join(f"{spread([r[k] for r in rows], fmt):>{width}}" for k, _, fmt in COLUMNS)
+        line = f"{servers:>8}" + "".join(f" {spread([r[k] for r in rows], fmt):>{width}}" for k, _, fmt in COLUMNS)
         print(line)
         bad = sum(r["ledger_problems"] for r in rows)
         print(f"{'':8}time factor {rows[0]['time_factor']:.1f}, {sum(r['steps'] for r in rows)} batches taken, "
