@@ -18,16 +18,6 @@ class CpuPlatform(Platform):
     def is_available(cls) -> bool:
         return True
 
-    def init_process(self) -> None:
-        """Flush denormal floats to zero: CPU math on them is slow (a train step of the quickstart's
-        model took 7% longer); what they would add is below fp32's normal range (~1e-38)."""
-        import numpy
-        import torch
-
-        for dtype in (numpy.float16, numpy.float32, numpy.float64):
-            numpy.finfo(dtype)  # cached now: computed later, numpy would warn its smallest subnormal is 0
-        torch.set_flush_denormal(True)
-
     def device_count(self) -> int:
         return 1
 

@@ -1,9 +1,12 @@
-"""The controller <-> training worker connections: TCP without Nagle's algorithm (a train step's
-batch is a header write and a body write; with Nagle the body waited ~40 ms for a delayed ACK)."""
+"""Process-level settings of a training worker: TCP without Nagle's algorithm on its connection to
+the controller (a train step's batch is a header write and a body write; with Nagle the body waited
+~40 ms for a delayed ACK), denormal floats flushed to zero (in the worker process only)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from multiprocessing.connection import Client, Listener
 
@@ -48,3 +51,17 @@ def test_no_delay_leaves_a_non_tcp_connection_alone():
         assert accepted[0].recv() == "hello"
         client.close()
         accepted[0].close()
+
+
+def test_the_worker_flushes_denormals_without_numpy_warning_and_the_test_process_does_not():
+    import torch
+
+    assert torch.tensor(1e-40).item() != 0.0  # here (pytest, hypothesis): subnormals stay
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "from areal_core.train.worker import _flush_denormals; _flush_denormals()\n"
+        "import numpy, torch\n"
+        "assert torch.tensor(1e-40).item() == 0.0\n"
+        "numpy.finfo(numpy.float32).smallest_subnormal\n"  # would warn if computed after the flush
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
