@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from rollout_doubles import ScriptedEngine
 
 from areal_core.config import GenerationConfig
@@ -15,7 +13,7 @@ from areal_core.builtin.rewards.synthetic import exact_match
 from areal_core.rollout.multi_turn import FEEDBACK, MultiTurnWorkflow
 from areal_core.rollout.reward_runner import RewardRunner
 from areal_core.rollout.rlvr import RLVRWorkflow
-from areal_core.api.workflow import decode_text, encode_chat
+from areal_core.api.workflow import encode_chat
 from areal_core.tiny_model import build_char_tokenizer
 
 DATA = {"id": "arith-3+4", "prompt": "3+4=", "answer": "7"}
@@ -115,9 +113,3 @@ def test_multi_turn_stops_on_success_or_after_max_turns(tokenizer, runner, answe
 def test_multi_turn_checks_its_knobs(tokenizer, runner):
     with pytest.raises(ValueError, match="gamma"):
         MultiTurnWorkflow(tokenizer, GenerationConfig(), runner, gamma=0.0)
-
-
-@settings(max_examples=50, deadline=None)
-@given(ids=st.lists(st.integers(0, 40), max_size=30), skip=st.booleans())
-def test_decode_text_is_the_tokenizers_decode(tokenizer, ids, skip):
-    assert decode_text(tokenizer, ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
