@@ -261,11 +261,13 @@ def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_pat
 def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last_recover_point(cluster, tmp_path,
                                                                                                 marks):
     """The trainer runs on a node of its own (``{"training": 1}``), whose raylet is killed after the
-    step-1 recover point: a trainer failure (exit 3, restartable), nothing left running. A training
+    first recover point: a trainer failure (exit 3, restartable), nothing left running. A training
     node comes back (started while the run stops) and the rerun (``recover.mode=auto``) resumes from
-    step 1 and finishes; no sample is lost. The controller is frozen (SIGSTOP) from the recover point
-    until the node's processes are gone, so that the loss lands mid-run however fast the steps are."""
-    steps = 3
+    the last recover point and finishes; no sample is lost. The controller is frozen (SIGSTOP) from
+    the recover point until the node's processes are gone, so that the loss lands mid-run however
+    fast the steps are; the recover point it was frozen at (the controller publishes them) is read
+    after the freeze, as a fast run may have published the next one before the freeze."""
+    steps = 4
     mark = marks()
     run_dir = tmp_path / "quickstart" / "lost-trainer"
     latest = run_dir / "recover" / "latest.json"
@@ -274,10 +276,12 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
     with contextlib.ExitStack() as nodes:
         node = nodes.enter_context(worker_node(cluster, TRAINING_IP, 1, {"training": 1}))
         proc = launch(tmp_path, "lost-trainer", cluster, mark, *args)
-        wait_until(lambda: latest.exists() or proc.poll() is not None, 300, "the step-1 recover point")
+        wait_until(lambda: latest.exists() or proc.poll() is not None, 300, "the first recover point")
         controller = json.loads((run_dir / "control.json").read_text())["pid"]
         os.kill(controller, signal.SIGSTOP)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
+        frozen_at = json.loads(latest.read_text())["step"]
+        assert frozen_at < steps, f"the run reached its last recover point (step {frozen_at}) before the freeze"
         trainer = placement(mark, b"areal_core.train.worker")
         ((trainer_node, _),) = trainer.values()
         assert trainer_node[0] == TRAINING_IP
@@ -292,14 +296,14 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
         (error,) = [line for line in out.splitlines() if line.startswith("areal: error:")]
         assert error.startswith("areal: error: trainer0 exited"), out[-3000:]
         wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")  # no orphan
-        assert json.loads(latest.read_text())["step"] == 1
+        assert json.loads(latest.read_text())["step"] == frozen_at
 
         mark = marks()
         out = finish(launch(tmp_path, "lost-trainer", cluster, mark, *args), mark)
-    assert "recovered from step 1" in out, out[-3000:]
+    assert f"recovered from step {frozen_at}" in out, out[-3000:]
     assert json.loads(latest.read_text())["step"] == steps
     ledger_is_clean(run_dir, steps * 4)
-    print(f"\ntraining node lost -> controller exited {exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
+    print(f"\ntraining node lost at the step-{frozen_at} recover point -> controller exited {exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
 
 
 def collect(proc: subprocess.Popen) -> Callable[[], tuple[str, float]]:
