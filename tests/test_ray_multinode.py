@@ -303,7 +303,8 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
     assert f"recovered from step {frozen_at}" in out, out[-3000:]
     assert json.loads(latest.read_text())["step"] == steps
     ledger_is_clean(run_dir, steps * 4)
-    print(f"\ntraining node lost at the step-{frozen_at} recover point -> controller exited {exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
+    print(f"\ntraining node lost at the step-{frozen_at} recover point -> controller exited "
+          f"{exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
 
 
 def collect(proc: subprocess.Popen) -> Callable[[], tuple[str, float]]:
