@@ -15,7 +15,9 @@ Each part prints wall time, tokens/s, final reward, the ideal speed-up and how c
 asynchronous run comes to it. Ideal = synchronous wall / max(train time, generation time): for the
 real engine the generation time is the synchronous run's measured wait (the plain overlap bound);
 for the replay engine it is the time a never-blocked pipe of in-flight episodes needs, since
-asynchrony also stops waiting for stragglers.
+asynchrony also stops waiting for stragglers. The staleness rules themselves block that pipe on a
+long tail, so the replay part also prints the rules' own bound: the same async run simulated with
+no cost but the recorded latencies and the synchronous run's train steps (``ideal_pipe.py``).
 
 After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With
@@ -38,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ideal_pipe import ideal_async_median
 from replay_engine import ReplayLatencyEngine, recorded
 
 from areal_core.api import hookimpl
@@ -96,10 +99,12 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
 
 
 def compare(
-    label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None
-) -> tuple[float, float]:
+    label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None,
+    steps: int = 0,
+) -> tuple[float, ...]:
     """Run sync and async; ``pipe_gen_s`` is the rollout side's time when never blocked (None: the
-    synchronous generation time, i.e. the plain overlap bound). Returns (speed-up, % of bound)."""
+    synchronous generation time, i.e. the plain overlap bound). Returns (speed-up, % of bound),
+    and with ``steps`` (replay part) also the % of the staleness rules' own bound (:mod:`ideal_pipe`)."""
     sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"])
     asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"])
     gen = sync["gen"] if pipe_gen_s is None else pipe_gen_s
@@ -115,6 +120,16 @@ def compare(
     kind = "overlap bound: sync wall / max(sum gen, sum train)" if pipe_gen_s is None else (
         f"bound: sync wall / max(sum train, unblocked rollout time {pipe_gen_s:.1f}s)")
     print(f"async/sync speedup {speedup:.2f}x   ideal {bound:.2f}x ({kind})   async reaches {100 * speedup / bound:.0f}% of it")
+    figures: tuple[float, ...] = (speedup, 100 * speedup / bound)
+    if steps:
+        rules_s = ideal_async_median(
+            steps=steps, train_s=sync["train"] / steps, episode_s=lambda rng: max(rng.choice(RECORDED)[0] for _ in range(N_SAMPLES)),
+            batch_size=BATCH, staleness=staleness, max_concurrent=MAX_CONCURRENT,
+        )
+        rules_bound = sync["loop"] / rules_s
+        figures += (100 * speedup / rules_bound,)
+        print(f"the staleness rules' own bound {rules_bound:.2f}x (sync wall / {rules_s:.1f}s, the simulated async run with "
+              f"no cost but latencies and train steps: bench/ideal_pipe.py)   async reaches {figures[2]:.0f}% of it")
     record = load(asyn["run_dir"])
     split = wait_breakdown(record)
     print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))
@@ -122,7 +137,7 @@ def compare(
     for gap in find_gaps(record):
         print(f"  {gap.seconds:6.2f}s at {gap.start:6.2f}s step {gap.step}: {gap.cause}")
     sys.stdout.flush()
-    return speedup, 100 * speedup / bound
+    return figures
 
 
 def main() -> None:
@@ -145,7 +160,7 @@ def main() -> None:
         "stats.eval_every=0",
         "stats.tensorboard=false",
     ]
-    results: dict[str, list[tuple[float, float]]] = {"real": [], "replay": []}
+    results: dict[str, list[tuple[float, ...]]] = {"real": [], "replay": []}
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         for repeat in range(args.repeats):
             root = (args.keep or Path(tmp)) / f"repeat{repeat}"
@@ -156,19 +171,19 @@ def main() -> None:
     if args.repeats > 1:
         print(f"\n== {args.repeats} repeats: min / median / max ==")
         for part, rows in results.items():
-            for i, what in enumerate(("speed-up", "% of bound")):
+            for i, what in enumerate(("speed-up", "% of bound", "% of rules' bound")[: len(rows[0])]):
                 values = sorted(row[i] for row in rows)
-                print(f"{part:7} {what:11} {values[0]:7.2f} / {statistics.median(values):7.2f} / {values[-1]:7.2f}")
+                print(f"{part:7} {what:17} {values[0]:7.2f} / {statistics.median(values):7.2f} / {values[-1]:7.2f}")
 
 
-def one_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, float]:
+def one_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, ...]:
     """Part 1: the real engine, recording every request for part 2."""
     RECORDED.clear()
     return compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
                    [*common, "rollout.engine=hf-recording"], args.staleness, None)
 
 
-def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, float]:
+def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, ...]:
     """Part 2: the replay engine on part 1's recording."""
     lengths = sorted(n for _, n in RECORDED)
     lat = sorted(t for t, _ in RECORDED)
@@ -179,7 +194,7 @@ def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> tup
     in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
     pipe = args.steps * BATCH * episode_latency(N_SAMPLES) / in_flight
     return compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
-                   [*common, "rollout.engine=replay-latency"], args.staleness, pipe)
+                   [*common, "rollout.engine=replay-latency"], args.staleness, pipe, args.steps)
 
 
 if __name__ == "__main__":
