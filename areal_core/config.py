@@ -92,6 +92,10 @@ class RolloutConfig:
     threads_per_server: int = attrs.field(default=1, validator=_ge(1))
     max_concurrent_rollouts: int = attrs.field(default=64, validator=_ge(1))
     max_head_offpolicyness: int = attrs.field(default=2, validator=_ge(0))
+    # What a weight update does to requests in flight: "abort" them (they are re-sent, prompt + partial
+    # output, to the new weights) or "keep" them (held, then decoded on the new weights over their KV
+    # cache; engines with areal_core.api.SupportsKeepPause: hf)
+    pause_mode: Literal["abort", "keep"] = "abort"
     request_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     server_startup_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     engine_args: dict[str, Any] = attrs.Factory(dict)  # passed through to the engine's server

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from areal_core.config import Config
+from areal_core.api.engine import SupportsKeepPause
 from areal_core.api.errors import ConfigError, PluginError
 from areal_core.api.platform import Platform
 from areal_core.active_platform import resolve_platform
@@ -52,7 +53,14 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
             plugins.registration(kind, name)
         except PluginError as exc:
             raise ConfigError(key, str(exc)) from None
-    plugins.get("engine", config.rollout.engine).check_engine_args(config.rollout.engine_args)
+    engine = plugins.get("engine", config.rollout.engine)
+    engine.check_engine_args(config.rollout.engine_args)
+    if config.rollout.pause_mode == "keep" and not issubclass(engine, SupportsKeepPause):
+        raise ConfigError(
+            "rollout.pause_mode",
+            f"keep: engine {config.rollout.engine!r} cannot hold requests through a weight update "
+            "(no areal_core.api.SupportsKeepPause); set rollout.pause_mode=abort or rollout.engine=hf",
+        )
     try:
         algorithm = plugins.get("algorithm", config.actor.algorithm)
     except PluginError as exc:

@@ -215,10 +215,32 @@ def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: f
 
     ids = torch.tensor([prefix + tokens])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prefix) - 1 : -1].float()
+        logits = model(ids).logits[0, len(prefix) - 1 : -1]
+    _assert_near_argmax(logits, tokens, tol)
+
+
+def assert_greedy_on_kept_cache(before: Any, after: Any, prefix: list[int], tokens: list[int], switch: int,
+                                tol: float = 1e-3) -> None:
+    """``tokens[switch:]`` are (near-)argmaxes of ``after`` decoding on top of the KV cache that
+    ``before`` computed for ``prefix + tokens[:switch - 1]`` (a request held through a weight update,
+    ``rollout.pause_mode: keep``); teacher-forced, like :func:`assert_greedy_under`."""
+    import torch
+
+    with torch.no_grad():
+        cache = before(torch.tensor([prefix + tokens[: switch - 1]]), use_cache=True).past_key_values
+        logits = after(torch.tensor([tokens[switch - 1 : -1]]), past_key_values=cache, use_cache=True).logits[0]
+    _assert_near_argmax(logits, tokens[switch:], tol, first=switch)
+
+
+def _assert_near_argmax(logits: Any, tokens: list[int], tol: float, first: int = 0) -> None:
+    """Row ``i`` of ``logits`` gives ``tokens[i]`` a logit within ``tol`` of its maximum (``first``:
+    the index of ``tokens[0]`` in the message)."""
+    import torch
+
+    logits = logits.float()
     chosen = logits.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
     gaps = logits.max(-1).values - chosen
-    assert float(gaps.max()) <= tol, f"token {int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"
+    assert float(gaps.max()) <= tol, f"token {first + int(gaps.argmax())} is {float(gaps.max()):.4f} below the argmax"
 
 
 def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float = 0.3) -> Any:

@@ -37,6 +37,7 @@ class ScriptedEngine(InferenceEngine):
         self.aborts = 0  # in-flight requests interrupted by pause()
         self.tokens = 0  # tokens produced so far, all requests
         self.in_flight = 0
+        self.holding = False  # the pause in force is a keep pause (HoldingEngine)
         self._resumed = threading.Event()
         self._resumed.set()
 
@@ -60,16 +61,17 @@ class ScriptedEngine(InferenceEngine):
         self.in_flight += 1
         try:
             while len(output) < len(target):
-                if not self._resumed.is_set():  # aborted: wait for resume, then continue the partial output
-                    self.aborts += 1
+                if not self._resumed.is_set():  # aborted (or held): wait for resume, then continue
+                    self.aborts += not self.holding
                     while not self._resumed.is_set():
                         await asyncio.sleep(0.001)
                     continue
+                version = self.version  # what this token is produced with
                 await asyncio.sleep(self.delay(request))
-                if not self._resumed.is_set():
+                if not self._resumed.is_set() and not self.holding:
                     continue  # a pause arrived while this token was being produced: it is lost
                 output.append(target[len(output)])
-                versions.append(self.version)
+                versions.append(version)
                 self.tokens += 1
         finally:
             self.in_flight -= 1
@@ -84,6 +86,7 @@ class ScriptedEngine(InferenceEngine):
         )
 
     def pause(self) -> None:
+        self.holding = False
         self._resumed.clear()
 
     def resume(self) -> None:
@@ -97,3 +100,12 @@ class ScriptedEngine(InferenceEngine):
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class HoldingEngine(ScriptedEngine):
+    """A ScriptedEngine with ``pause_keeping`` (``SupportsKeepPause``): the token being produced is
+    kept, requests wait for ``resume`` and go on; nothing counts as aborted."""
+
+    def pause_keeping(self) -> None:
+        self.holding = True
+        self._resumed.clear()

@@ -24,6 +24,7 @@ def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
         (["config", "actor.algorithm=ppx"], "actor.algorithm: algorithm 'ppx' is not installed (installed algorithms: "),
         (["config", "platform=npu"], "platform: platform 'npu' is installed (plugin 'platform_npu' from areal-platform-npu) but AREAL_PLUGINS=reshard_disk filters it out"),
         (["config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["config", "rollout.pause_mode=hold"], "rollout.pause_mode: must be one of 'abort', 'keep', got 'hold'"),
         (["config", "train_dataset.options={max_operand: -1}"], "train_dataset.options.max_operand: must be >= min_operand (0), got -1"),
         (["config", "valid_dataset.name=gsm8k", "valid_dataset.path=/nonexistent"], "valid_dataset.path"),
     ],
@@ -37,6 +38,17 @@ def test_bad_input_is_one_line_exit_2(args, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("areal: error: ")
     assert message in lines[0]
+
+
+def test_a_keep_pause_needs_an_engine_that_holds_requests():
+    pytest.importorskip("areal_engine_sglang", reason="needs plugins/engine_sglang installed")
+    result = _areal("config", "rollout.engine=sglang", "rollout.pause_mode=keep")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "areal: error: rollout.pause_mode: keep: engine 'sglang' cannot hold requests through a weight update "
+        "(no areal_core.api.SupportsKeepPause); set rollout.pause_mode=abort or rollout.engine=hf"
+    )
+    assert _areal("config", "rollout.pause_mode=keep").returncode == 0  # hf holds them
 
 
 def test_config_prints_resolved_yaml_that_loads_back(tmp_path):

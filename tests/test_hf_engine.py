@@ -32,6 +32,8 @@ from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
+    assert_greedy_on_kept_cache,
+    assert_greedy_under,
     generate_all,
     greedy_request,
     hf_greedy,
@@ -312,6 +314,40 @@ def test_an_interrupted_group_continues_only_its_unfinished_requests(
         assert k > 0 and resp.versions == [0] * k + [7] * (300 - k)  # per-token versions across the abort
 
 
+def test_a_keep_pause_holds_requests_through_an_update_on_their_kv_cache(
+    served: Served, restore_v0: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pause_keeping`` (``rollout.pause_mode: keep``) parks the running requests; new weights load
+    and, after ``resume``, each request decodes on in the same call: its tokens before the switch
+    follow the old weights, those after it the new weights over the KV cache the old ones computed."""
+    engine, n = served.engine, 300
+    new_model = perturbed_model(served.v0_dir, seed=5)
+    new_dir = served.run_dir / "weights" / "keep-v1"
+    new_model.save_pretrained(new_dir)
+    requests = [greedy_request(PROMPTS[i], n) for i in (0, 1)]
+    counts = _count_segment_calls(engine, monkeypatch)
+    loop = LoopThread()
+    try:
+        future = loop.submit(engine.agenerate_group(requests))
+        wait_for(lambda: engine.server_health()[0].running == 2, "both requests to decode")
+        engine.pause_keeping()
+        health = engine.server_health()[0]
+        assert health.paused and health.running == 2 and not future.done()
+        engine.load_weights_from_disk(str(new_dir), 1)
+        engine.set_version(1)
+        engine.resume()
+        responses = future.result(timeout=120)
+    finally:
+        loop.close()
+    assert counts == [2]  # one call: nothing was aborted or sent again
+    for req, resp in zip(requests, responses):
+        k = resp.versions.index(1)
+        assert 0 < k < n and resp.versions == [0] * k + [1] * (n - k)
+        assert resp.stop_reason == "length" and len(resp.logprobs) == n
+        assert_greedy_under(served.model, req.input_ids, resp.output_ids[:k])
+        assert_greedy_on_kept_cache(served.model, new_model, req.input_ids, resp.output_ids, k)
+
+
 def test_a_batch_with_one_bad_body_queues_none(served: Served) -> None:
     (address,) = served.engine.addresses
     good = {"rid": "g", "input_ids": [3], "max_new_tokens": 2}
@@ -327,7 +363,8 @@ def test_mutating_endpoints_need_the_token(served: Served) -> None:
     (address,) = served.engine.addresses
     body = {"rid": "x", "input_ids": [3], "max_new_tokens": 2}
     for token in (None, "wrong"):
-        calls = [("/generate", body), ("/abort_all", {}), ("/load_weights", {"path": "/", "version": 1})]
+        calls = [("/generate", body), ("/abort_all", {}), ("/hold_all", {}),
+                 ("/load_weights", {"path": "/", "version": 1})]
         for endpoint, payload in calls:
             status, reply = raw_post(address, endpoint, payload, token)
             assert status == 401 and "token" in reply["error"]

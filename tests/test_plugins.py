@@ -156,7 +156,9 @@ def test_plugin_outside_its_api_range_is_incompatible_and_skipped(installed, are
 
 
 @pytest.mark.parametrize(
-    ("declared", "fits"), [(None, True), (">=1.0,<2", True), ("==1.0", True), (">1.0", False), ("<1", False), ("!=1.0", False)]
+    ("declared", "fits"),
+    [(None, True), (">=1.0,<2", True), (f"=={API_VERSION}", True), (f">{API_VERSION}", False), ("<1", False),
+     (f"!={API_VERSION}", False)],
 )
 def test_api_range_check(declared, fits):
     mod = types.ModuleType("m")

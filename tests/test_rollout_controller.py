@@ -9,7 +9,7 @@ import time
 from typing import Any, Iterator
 
 import pytest
-from rollout_doubles import ScriptedEngine
+from rollout_doubles import HoldingEngine, ScriptedEngine
 
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.rollout.runner import RolloutRunner
@@ -241,6 +241,31 @@ def test_pause_interrupts_generation_and_resume_continues_it(grouped):
         assert len(out_versions) == 60 and out_versions == sorted(out_versions)
         assert out_versions[0] == 0 and out_versions[-1] == 1  # one response, two weight versions
     assert ctl.stats.batch_max_lag == 1
+
+
+def test_a_keep_pause_holds_generation_and_aborts_nothing():
+    """``rollout.pause_mode: keep``: the runner's pause goes to ``pause_keeping``; each response
+    still spans both versions, in one piece."""
+    engine = HoldingEngine(delay=lambda r: 0.01)
+    staleness = StalenessManager(batch_size=2, max_head_offpolicyness=1, max_concurrent=8)
+    with RolloutRunner(engine, staleness, keep_on_pause=True) as ctl:
+        for item in _items(2):
+            ctl.submit(item, GroupWorkflow(n=2, max_new_tokens=60))
+        while engine.tokens < 4:  # generation has started
+            time.sleep(0.005)
+        ctl.pause()
+        time.sleep(0.03)  # the tokens being produced at the pause come out
+        held = engine.tokens
+        time.sleep(0.1)
+        assert engine.tokens == held  # nothing is generated while held
+        ctl.set_version(1)
+        ctl.resume()
+        batch = ctl.wait(2, timeout=60)
+    assert engine.aborts == 0 and engine.holding
+    for traj in batch:
+        out_versions = [v for v in traj.versions if v >= 0]
+        assert len(out_versions) == 60 and out_versions == sorted(out_versions)
+        assert out_versions[0] == 0 and out_versions[-1] == 1
 
 
 def test_every_accepted_sample_has_a_unique_uid():

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 #: Marks a plugin's hook implementations (the specs are in :mod:`areal_core.hookspecs`).
 hookimpl = pluggy.HookimplMarker("areal")
@@ -33,7 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "devices": ("server_devices", "uses_devices"),
     "engine": (
         "GenerationRequest", "GenerationResponse", "InferenceEngine", "SamplingParams", "StopReason",
-        "SupportsElasticFleet", "SupportsWeightChannel",
+        "SupportsElasticFleet", "SupportsKeepPause", "SupportsWeightChannel",
     ),
     "errors": ("ArealError", "ConfigError", "PluginError", "ProcessFailedError"),
     "hub": ("is_hub_id", "snapshot"),

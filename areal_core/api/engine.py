@@ -3,7 +3,8 @@
 Token ids in, token ids + per-token log-probs + per-token weight versions out. Generation is
 interruptible: ``pause()`` aborts in-flight requests on the servers; ``agenerate`` then waits for
 ``resume()`` and re-submits prompt + partial output with the remaining budget, so a single
-response can carry tokens from two weight versions.
+response can carry tokens from two weight versions. Engines with :class:`SupportsKeepPause` can
+hold in-flight requests instead (``rollout.pause_mode: keep``).
 """
 
 from __future__ import annotations
@@ -170,6 +171,18 @@ class SupportsElasticFleet(Protocol):
 
     def server_handles(self) -> list[ProcessHandle]:
         """Every server process this engine started (the fleet, not the trainer, handles their exit)."""
+        ...
+
+
+@runtime_checkable
+class SupportsKeepPause(Protocol):
+    """An engine whose servers can hold in-flight requests through a weight update instead of
+    aborting them (``rollout.pause_mode: keep``): each request keeps its KV cache and decodes on the
+    new weights after ``resume``, every token tagged with the version that sampled it."""
+
+    def pause_keeping(self) -> None:
+        """Hold every in-flight request on every server at its next decode step, and new ones
+        until ``resume``; nothing is aborted."""
         ...
 
 

@@ -16,12 +16,12 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Coroutine, Iterator, TypeVar
+from typing import Any, Coroutine, Iterator, TypeVar, cast
 
 import attrs
 
 from areal_core.config import Config
-from areal_core.api.engine import InferenceEngine
+from areal_core.api.engine import InferenceEngine, SupportsKeepPause
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.failures import FailureRateError, FailureTracker, short_reason
 from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
@@ -69,8 +69,10 @@ class RolloutRunner:
         episode_retries: int = 0,
         failures: FailureTracker | None = None,
         timeline: Timeline | None = None,
+        keep_on_pause: bool = False,
     ) -> None:
         self.engine = engine
+        self.keep_on_pause = keep_on_pause  # rollout.pause_mode: keep (the engine has SupportsKeepPause)
         self.timeline = timeline
         self.staleness = staleness
         self.ledger = ledger
@@ -111,7 +113,8 @@ class RolloutRunner:
             "episode attempts", "rollout.max_failure_rate", max_rate=rollout.max_failure_rate, window=window
         )
         return cls(
-            engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures, timeline=timeline
+            engine, staleness, ledger, episode_retries=rollout.episode_retries, failures=failures, timeline=timeline,
+            keep_on_pause=rollout.pause_mode == "keep",
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -319,12 +322,17 @@ class RolloutRunner:
     # ------------------------------------------------------------------ weight updates
 
     def pause(self) -> None:
-        """Stop starting episodes and interrupt in-flight generation (before a weight update)."""
+        """Stop starting episodes and interrupt in-flight generation (before a weight update), or
+        with ``keep_on_pause`` have the servers hold it, to decode on the new weights after ``resume``."""
         with self._cond:
             self._paused = True
-            self._aborted += len(self._running)
+            if not self.keep_on_pause:
+                self._aborted += len(self._running)
             self._gauge()
-        self.engine.pause()
+        if self.keep_on_pause:
+            cast(SupportsKeepPause, self.engine).pause_keeping()
+        else:
+            self.engine.pause()
 
     def resume(self) -> None:
         self.engine.resume()

@@ -106,6 +106,12 @@ class HFEngine(HTTPServerEngine):
         ]
 
     # ---------------------------------------------------------------- control (main thread)
+    def pause_keeping(self) -> None:
+        """``/hold_all``: every server parks its running requests between decode steps, KV cache
+        kept; after ``resume`` they decode on the new weights (``rollout.pause_mode: keep``)."""
+        self._gate.close()
+        self._broadcast("/hold_all", {})
+
     def load_weights_from_disk(self, path: str, version: int) -> None:
         body = to_json(LoadWeightsBody(path=str(path), version=version))
         self._broadcast("/load_weights", body)

@@ -6,7 +6,9 @@ by step; finished rows leave the batch. Once as many requests wait as are still 
 wave ends and its unfinished requests go back to the head of the queue, to be prefilled again
 (prompt + output so far) together with the new ones. Model work runs on one executor thread, so
 weight swaps queued on it land between decode steps. ``pause`` stops a running wave at the next
-step (its requests end with stop reason "abort") and holds the queue.
+step (its requests end with stop reason "abort") and holds the queue; ``pause(keep=True)`` holds the
+wave there instead, KV cache and all, and it decodes on (on whatever weights are loaded by then)
+after ``resume``.
 """
 
 from __future__ import annotations
@@ -156,8 +158,10 @@ class Generator:
         self._work = asyncio.Event()
         self._unpaused = asyncio.Event()
         self._unpaused.set()
-        self._idle = asyncio.Event()
+        self._idle = asyncio.Event()  # no model call runs for a wave: none runs, or it is held
         self._idle.set()
+        self._keep = False  # the pause in force holds the running wave instead of aborting it
+        self._held: list[_Seq] = []  # the wave a keep pause holds
 
     @property
     def paused(self) -> bool:
@@ -184,11 +188,17 @@ class Generator:
         self.served += len(seqs)
         return list(results)
 
-    async def pause(self) -> int:
-        """Hold new work; abort every started request at its next step; returns how many."""
+    async def pause(self, *, keep: bool = False) -> int:
+        """Hold new work; abort every started request at its next step, or with ``keep`` hold them
+        there to decode on after ``resume``; returns how many were aborted (or are held)."""
+        self._keep = keep
         aborted = self.running
         self._unpaused.clear()
         await self._idle.wait()
+        if keep:
+            return len(self._held)
+        for seq in self._held:  # held by an earlier keep pause
+            seq.finish("abort")
         started = [seq for seq in self._queue if seq.output_ids]  # wave ended to rejoin: abort too
         for seq in started:
             self._queue.remove(seq)
@@ -238,9 +248,13 @@ class Generator:
         call: tuple[Any, ...] = (batch.prefill,)
         while True:
             if self.paused:
-                for seq in wave:
-                    seq.finish("abort")
-                return
+                if not self._keep:
+                    for seq in wave:
+                        seq.finish("abort")
+                    return
+                await self._hold(wave)
+                if all(seq.future.done() for seq in wave):  # aborted while held
+                    return
             tokens, logprobs, version = await self.on_model_thread(self._tagged, *call)
             keep = []
             for row, (seq, token, logprob) in enumerate(zip(wave, tokens.tolist(), logprobs.tolist())):
@@ -263,6 +277,16 @@ class Generator:
                 wave, tokens = [wave[row] for row in keep], tokens[keep]
             self.running = len(wave)
             call = (batch.step, tokens)
+
+    async def _hold(self, wave: list[_Seq]) -> None:
+        """Park ``wave`` between decode steps until ``resume`` (weight swaps land meanwhile)."""
+        self._held = wave
+        self._idle.set()
+        try:
+            await self._unpaused.wait()
+        finally:
+            self._held = []
+            self._idle.clear()
 
     def _tagged(self, fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any) -> tuple[Any, ...]:
         """Run a model call (on the model thread); append the weight version it ran with."""

@@ -93,6 +93,7 @@ class _Routes:
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/generate_batch", self.generate_batch)
         app.router.add_post("/abort_all", self.abort_all)
+        app.router.add_post("/hold_all", self.hold_all)
         app.router.add_post("/continue", self.continue_)
         app.router.add_post("/set_version", self.set_version)
         app.router.add_post("/load_weights", self.load_weights)
@@ -131,6 +132,11 @@ class _Routes:
         aborted = await self.gen.pause()
         log.info("paused; aborted %d running requests", aborted)
         return web.json_response({"aborted": aborted})
+
+    async def hold_all(self, request: web.Request) -> web.Response:
+        held = await self.gen.pause(keep=True)
+        log.info("paused; holding %d running requests", held)
+        return web.json_response({"held": held})
 
     async def continue_(self, request: web.Request) -> web.Response:
         self.gen.resume()
