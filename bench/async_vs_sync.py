@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
-    python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--repeats 3] [--keep DIR]
+    python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--pause-mode abort|keep] [--repeats 3] [--keep DIR]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -23,7 +23,9 @@ After each part it prints the asynchronous run's rollout waits (first batch, sta
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With
 ``--repeats N`` both parts run N times (part 2 replays part 1's recording of the same repeat) and
 the min, median and max of the speed-up and of the % of bound close the output. ``--keep DIR``
-keeps the run directories (timelines included) under DIR.
+keeps the run directories (timelines included) under DIR. ``--pause-mode`` is ``rollout.pause_mode``:
+what weight updates do to requests in flight (the replay engine freezes held requests as a real
+server does).
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--staleness", type=int, default=2)
+    parser.add_argument("--pause-mode", choices=("abort", "keep"), default="abort", help="rollout.pause_mode")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories under this directory")
     args = parser.parse_args()
@@ -156,6 +159,7 @@ def main() -> None:
         f"gconfig.n_samples={N_SAMPLES}",
         "gconfig.max_new_tokens=24",  # a random-init model stops at eos by chance: long-tail lengths
         f"rollout.max_concurrent_rollouts={MAX_CONCURRENT}",
+        f"rollout.pause_mode={args.pause_mode}",
         "stats.progress=false",
         "stats.eval_every=0",
         "stats.tensorboard=false",

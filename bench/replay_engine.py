@@ -4,7 +4,9 @@ The client half is the real :class:`~areal_core.api.http_engine.HTTPServerEngine
 gate, segments re-submitted after a pause); only the server call is simulated: a request draws
 ``(latency seconds, output tokens)`` from a sampler on its first segment, its tokens arrive
 evenly over that latency, and ``pause()`` aborts every running segment with the tokens produced so
-far, as a real server does. Servers have no compute limit: latency does not depend on load (the
+far, as a real server does; ``pause_keeping()`` freezes them instead until ``resume()`` (their
+tokens after it carry the new version), as a server holding requests through an update does.
+Servers have no compute limit: latency does not depend on load (the
 fleet is assumed sized for it). Output ids cycle through 2..11; weight loads only change the
 version tag. Used by ``bench/async_vs_sync.py`` (recorded latencies) and
 ``bench/controller_scale.py`` (lognormal latencies).
@@ -63,6 +65,20 @@ class _Running:
     start: float
     seconds: float
     tokens: int
+    #: (tokens produced by a freeze, the version that produced them), one per keep pause it lived through
+    marks: list[tuple[int, int]] = attrs.Factory(list)
+
+    def produced(self, now: float) -> int:
+        """Tokens out by ``now`` (a token counts once its whole share of the latency has passed)."""
+        done = 1.0 if self.seconds <= 0 else min(1.0, (now - self.start) / self.seconds)
+        return math.floor(self.tokens * done)
+
+    def versions(self, tokens: int, version: int) -> list[int]:
+        """The version of each of the first ``tokens`` tokens, ``version`` after the last mark."""
+        out: list[int] = []
+        for count, marked in self.marks:
+            out += [marked] * (count - len(out))
+        return out + [version] * (tokens - len(out))
 
 
 class ReplayLatencyEngine(HTTPServerEngine):
@@ -86,6 +102,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self._plans: dict[str, tuple[float, int]] = {}  # request id -> (latency, length) while it runs
         self._running: dict[asyncio.Future, _Running] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._frozen_at: float | None = None  # loop time of the keep pause in force
 
     # ------------------------------------------------------------------ servers (in-process)
     def launch_servers(self, scheduler: Any) -> list[str]:
@@ -133,38 +150,63 @@ class ReplayLatencyEngine(HTTPServerEngine):
         seconds = latency * left / length if length else latency
         future = loop.create_future()
         timer = loop.call_later(seconds, _finish, future, left, "length")
-        self._running[future] = _Running(future, timer, loop.time(), seconds, left)
+        run = self._running[future] = _Running(future, timer, loop.time(), seconds, left)
         try:
             tokens, reason = await future
         finally:
             self._running.pop(future, None)
-            timer.cancel()
+            run.timer.cancel()
         if reason == "abort":
             self._interrupted.add(rid)
-        return Segment(output_ids=_IDS[:tokens], logprobs=[-2.5] * tokens, versions=[self.version] * tokens, stop_reason=reason)
+        versions = run.versions(tokens, self.version)
+        return Segment(output_ids=_IDS[:tokens], logprobs=[-2.5] * tokens, versions=versions, stop_reason=reason)
 
     def _abort_all(self) -> None:
         """What a real server's pause route does: end every running segment with what it has."""
         now = self._loop.time() if self._loop is not None else 0.0
         for run in list(self._running.values()):
             run.timer.cancel()
-            done = 1.0 if run.seconds <= 0 else min(1.0, (now - run.start) / run.seconds)
-            _finish(run.future, math.floor(run.tokens * done), "abort")
+            _finish(run.future, run.produced(now), "abort")
         self._running.clear()
+
+    def _freeze_all(self) -> None:
+        """What a keep pause does: every running segment stops producing, keeping its progress."""
+        now = self._frozen_at = self._loop.time() if self._loop is not None else 0.0
+        for run in self._running.values():
+            run.timer.cancel()
+            run.marks.append((run.produced(now), self.version))
+
+    def _thaw_all(self) -> None:
+        """Frozen segments go on from where they stopped, on the version served now."""
+        if self._frozen_at is None or self._loop is None:
+            return
+        shift, self._frozen_at = self._loop.time() - self._frozen_at, None
+        for run in self._running.values():
+            run.start += shift
+            run.timer = self._loop.call_at(run.start + run.seconds, _finish, run.future, run.tokens, "length")
 
     # ------------------------------------------------------------------ control
     def pause(self) -> None:
         self._gate.close()
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            async def abort() -> None:
-                self._abort_all()
+        self._on_loop(self._abort_all)
 
-            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile: nothing runs
-                asyncio.run_coroutine_threadsafe(abort(), loop).result()
+    def pause_keeping(self) -> None:
+        self._gate.close()
+        self._on_loop(self._freeze_all)
 
     def resume(self) -> None:
+        self._on_loop(self._thaw_all)
         self._gate.open()
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop the segments run on, and wait for it (nothing to do before one ran)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            async def call() -> None:
+                fn()
+
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile: nothing runs
+                asyncio.run_coroutine_threadsafe(call(), loop).result()
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
         self.version = version

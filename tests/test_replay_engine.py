@@ -1,0 +1,51 @@
+"""bench/replay_engine.py's pauses, which the async benchmark's figures rest on: an abort pause ends
+a running request with the tokens it has and the rest is sent again; a keep pause freezes it and
+it goes on after ``resume``, uninterrupted. Either way its later tokens carry the new version."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.builtin.platform_cpu.platform import CpuPlatform
+from areal_core.config import Config
+from areal_core.testing import LoopThread
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from replay_engine import ReplayLatencyEngine  # noqa: E402
+
+LATENCY, TOKENS = 1.0, 10  # long enough that the pause lands mid-request on a loaded machine
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["abort", "keep"])
+def test_a_pause_mid_request_splits_its_versions(keep: bool) -> None:
+    engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng: (LATENCY, TOKENS))
+    engine.launch_servers(None)
+    sampling = SamplingParams(max_new_tokens=TOKENS)
+    request = GenerationRequest(input_ids=[1, 2], sampling=sampling)
+    loop = LoopThread()
+    try:  # a first request: the first call's imports and set-up
+        loop.submit(engine.agenerate(GenerationRequest(input_ids=[1], sampling=sampling))).result(timeout=10)
+        start = time.monotonic()
+        future = loop.submit(engine.agenerate(request))
+        time.sleep(LATENCY / 2)  # about half the tokens are out
+        if keep:
+            engine.pause_keeping()
+        else:
+            engine.pause()
+        time.sleep(0.2)
+        engine.set_version(1)
+        engine.resume()
+        response = future.result(timeout=10)
+        wall = time.monotonic() - start
+    finally:
+        loop.close()
+    k = response.versions.index(1)
+    assert 0 < k < TOKENS and response.versions == [0] * k + [1] * (TOKENS - k)
+    assert response.stop_reason == "length" and len(response.output_ids) == TOKENS
+    assert engine.completed == 2 and wall >= LATENCY + 0.2  # no token comes out while paused
+    assert len(engine.added) == (2 if keep else 1)  # `added`: requests no pause interrupted
