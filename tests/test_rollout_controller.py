@@ -236,11 +236,15 @@ def test_pause_interrupts_generation_and_resume_continues_it(grouped):
         ctl.resume()
         batch = ctl.wait(2, timeout=60)
     assert engine.aborts == 4  # every in-flight request was aborted once
+    _assert_each_response_spans_versions_0_and_1(batch, tokens=60)
+    assert ctl.stats.batch_max_lag == 1
+
+
+def _assert_each_response_spans_versions_0_and_1(batch, tokens: int) -> None:
     for traj in batch:
         out_versions = [v for v in traj.versions if v >= 0]
-        assert len(out_versions) == 60 and out_versions == sorted(out_versions)
+        assert len(out_versions) == tokens and out_versions == sorted(out_versions)
         assert out_versions[0] == 0 and out_versions[-1] == 1  # one response, two weight versions
-    assert ctl.stats.batch_max_lag == 1
 
 
 def test_a_keep_pause_holds_generation_and_aborts_nothing():
@@ -262,10 +266,7 @@ def test_a_keep_pause_holds_generation_and_aborts_nothing():
         ctl.resume()
         batch = ctl.wait(2, timeout=60)
     assert engine.aborts == 0 and engine.holding
-    for traj in batch:
-        out_versions = [v for v in traj.versions if v >= 0]
-        assert len(out_versions) == 60 and out_versions == sorted(out_versions)
-        assert out_versions[0] == 0 and out_versions[-1] == 1
+    _assert_each_response_spans_versions_0_and_1(batch, tokens=60)
 
 
 def test_every_accepted_sample_has_a_unique_uid():
