@@ -23,6 +23,7 @@ from typing import Any, Callable
 import attrs
 
 from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
+from areal_core.controller_tuning import controller_tuning
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import adapter_weight_path_note, resolve_config
@@ -35,10 +36,6 @@ from areal_core.api.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 LIVENESS_POLL_S = 5.0  # while waiting for rollouts, check this often that no process has died
-#: GIL switch interval while a run trains (Python's default: 5 ms). The controller's main thread
-#: waits on trainer replies and servers while the rollout loop's thread runs Python; after each
-#: wait it gets the GIL back sooner (bench/vs_trl.py: about 7% shorter steps). Restored afterwards.
-CONTROLLER_SWITCH_INTERVAL_S = 0.0005
 
 
 @attrs.frozen(kw_only=True)
@@ -146,14 +143,9 @@ class Trainer:
             config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
             (self.run_dir / "config.yaml").write_text(dump_yaml(config))
             _stop_on_signals()
-            switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(CONTROLLER_SWITCH_INTERVAL_S)
-            try:
-                with _Planes(config, self.plugins, self.platform) as planes:
-                    loop = _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes), fixed)
-                    return loop.run(self.created)
-            finally:
-                sys.setswitchinterval(switch_interval)
+            with controller_tuning(), _Planes(config, self.plugins, self.platform) as planes:
+                loop = _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes), fixed)
+                return loop.run(self.created)
 
 
 class _Planes:
