@@ -1,6 +1,7 @@
 """The single rollout controller at cluster scale, by simulation: one process, thousands of episodes.
 
     python bench/controller_scale.py [--servers 16 64 256] [--in-flight 8192] [--rate 2500] [--repeats 1]
+        [--pause-mode abort|keep] [--tuning controller [python]]
 
 Each configuration runs in a fresh subprocess pinned to one CPU core (``--cpus``). It holds the
 real :class:`~areal_core.rollout.runner.RolloutRunner` (staleness manager, ledger on disk,
@@ -12,7 +13,8 @@ them, multi-turn agents (``--turns`` chat calls each) talking HTTP to the real a
 (:class:`~areal_core.agent.AgentProxy` under uvicorn, in the same process). A trainer thread takes
 batches of ``--batch`` episodes (default: as many as are in flight, so the staleness window,
 ``(eta + 1)`` batches, is wide enough for the long tail), "trains" for ``--train-s`` and runs a
-weight update (``pause`` aborts every running request, ``--update-s``, ``set_version``, ``resume``).
+weight update (``pause`` aborts every running request, or with ``--pause-mode keep`` holds it,
+``--update-s``, ``set_version``, ``resume``).
 
 Latencies: a request's decode time is lognormal around ``--median-s`` real seconds with shape
 ``--sigma`` (default 60 s, sigma 1: p99 ~ 10 min), replayed ``time_factor`` times faster. The
@@ -20,11 +22,16 @@ factor is chosen so the pipe offers ``--rate`` requests/s at ``--in-flight`` epi
 Monte Carlo over the episode mix). Responses carry 2 tokens per real second (payloads scaled down
 ~15x from a 30 tokens/s decode to fit the shared box's memory).
 
+The process runs under the interpreter settings a run's controller uses
+(:mod:`areal_core.controller_tuning`: GIL switch interval, cyclic GC thresholds), or with
+``--tuning python`` under Python's defaults; ``--tuning controller python`` alternates the two and
+prints their ratios.
+
 Printed per configuration, over a ``--seconds`` window after ``--warmup-s``:
 sustained requests/s; controller CPU per request (process CPU time / requests, all threads);
 p50/p99 added latency per request (time in ``engine.agenerate_group`` minus the group's slowest
 simulated latency, for groups no weight update interrupted) and per agent call (HTTP call to the proxy minus the
-simulated latency); memory per in-flight episode (RSS growth from just before the controller
+simulated latency); the cyclic GC's pauses (ms per second of window, longest pause); memory per in-flight episode (RSS growth from just before the controller
 started / episodes running or ready); the ledger audit (every episode consumed exactly once).
 """
 
@@ -33,6 +40,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
+import contextlib
 import itertools
 import json
 import math
@@ -54,6 +63,7 @@ from replay_engine import Lognormal, ReplayLatencyEngine
 
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import load_config
+from areal_core.controller_tuning import controller_tuning
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.dataloader import EPOCH_KEY
@@ -143,6 +153,20 @@ def time_factor(args: argparse.Namespace) -> tuple[float, float]:
     return args.rate * episode_s / (args.in_flight * total_requests / trials), episode_s
 
 
+class GcPauses:
+    """A ``gc.callbacks`` entry: the duration of each cyclic GC pass, in seconds."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._start)
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -170,6 +194,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         f"train_dataset.batch_size={batch}",
         f"gconfig.n_samples={args.n_samples}",
         "gconfig.max_new_tokens=4096",
+        f"rollout.pause_mode={args.pause_mode}",
     ])
     tokenizer = build_char_tokenizer(ALPHABET)
     engine = ReplayLatencyEngine(config, CpuPlatform(), sampler=Lognormal(args.median_s, args.sigma, factor, 2.0))
@@ -187,12 +212,15 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         proxy_server.start()
     rss0 = rss_bytes()
     stop, steps, window = threading.Event(), [0], {}
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
 
     async def snapshot() -> dict[str, Any]:
         added, engine.added = engine.added, []
         agent_added, agent.added = agent.added, []
+        pauses, gc_pauses.pauses = gc_pauses.pauses, []
         return {"t": time.monotonic(), "cpu": time.process_time(), "requests": engine.completed,
-                "added": added, "agent_added": agent_added, "agent_calls": agent.calls}
+                "added": added, "agent_added": agent_added, "agent_calls": agent.calls, "gc_pauses": pauses}
 
     profiler = cProfile.Profile(time.thread_time) if args.profile else None  # CPU time: the box is shared
 
@@ -217,7 +245,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             stop.set()
 
-    with controller:
+    tuning = controller_tuning() if args.tuning == "controller" else contextlib.nullcontext()
+    with tuning, controller:
         threading.Thread(target=measure, name="measure", daemon=True).start()
         while not stop.is_set():
             try:
@@ -257,6 +286,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "agent_calls": last["agent_calls"] - first["agent_calls"],
         "agent_added_p50_ms": 1e3 * pct(last["agent_added"], 0.5),
         "agent_added_p99_ms": 1e3 * pct(last["agent_added"], 0.99),
+        "gc_ms_per_s": 1e3 * sum(last["gc_pauses"]) / wall,
+        "gc_max_ms": 1e3 * max(last["gc_pauses"], default=0.0),
         "kib_per_episode": (window["rss"] - rss0) / 1024 / max(1, window["held"]),
         "ledger_problems": len(problems),
         "ledger_first_problems": problems[:3],
@@ -272,6 +303,8 @@ COLUMNS = [  # (key, header, format)
     ("added_p99_ms", "added p99 ms", "{:.2f}"),
     ("agent_added_p50_ms", "agent p50 ms", "{:.1f}"),
     ("agent_added_p99_ms", "agent p99 ms", "{:.1f}"),
+    ("gc_ms_per_s", "GC ms/s", "{:.0f}"),
+    ("gc_max_ms", "GC max ms", "{:.0f}"),
     ("in_flight_mean", "in flight", "{:.0f}"),
     ("kib_per_episode", "KiB/episode", "{:.1f}"),
 ]
@@ -303,46 +336,59 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window")
     parser.add_argument("--cpus", type=int, default=1, help="pin the controller to this many cores (0: no pinning)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--pause-mode", choices=["abort", "keep"], default="abort",
+                        help="rollout.pause_mode: a weight update aborts running requests (re-sent after it) or holds them")
+    parser.add_argument("--tuning", choices=["controller", "python"], nargs="+", default=["controller"],
+                        help="interpreter settings: a run's controller's (areal_core.controller_tuning) and/or Python's "
+                             "defaults; with both, their runs alternate and the ratios are printed")
     parser.add_argument("--profile", action="store_true", help="cProfile the rollout loop over the window (stderr)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # run one configuration, print JSON
     args = parser.parse_args()
     if args.one:
-        args.servers = args.servers[0]
+        args.servers, args.tuning = args.servers[0], args.tuning[0]
         print(json.dumps(run_one(args)))
         return
     print(f"{args.in_flight} episodes in flight x {args.n_samples} requests, {args.agent_share:.0%} agent episodes "
           f"({args.turns} turns), offered {args.rate:.0f} req/s, lognormal decode median {args.median_s:.0f}s "
-          f"sigma {args.sigma}, {args.cpus or 'all'} core(s)")
+          f"sigma {args.sigma}, {args.cpus or 'all'} core(s), pause mode {args.pause_mode}")
     width = 15 if args.repeats == 1 else 25  # each column also has a leading space: wide values never run together
-    header = f"{'servers':>8}" + "".join(f" {h:>{width}}" for _, h, _ in COLUMNS)
+    header = f"{'servers':>8}" + "".join(f" {h:>{width}}" for _, h, _ in COLUMNS) + "  interpreter settings"
     print(header)
     for servers in args.servers:
-        rows = []
-        for _ in range(args.repeats):
-            cmd = [sys.executable, __file__, "--one", *_with_servers(sys.argv[1:], servers)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        line = f"{servers:>8}" + "".join(f" {spread([r[k] for r in rows], fmt):>{width}}" for k, _, fmt in COLUMNS)
-        print(line)
-        bad = sum(r["ledger_problems"] for r in rows)
-        print(f"{'':8}time factor {rows[0]['time_factor']:.1f}, {sum(r['steps'] for r in rows)} batches taken, "
-              f"{sum(r['measured_requests'] for r in rows)} uninterrupted requests, {sum(r['agent_calls'] for r in rows)} "
-              f"agent calls measured; ledger: {'exactly once' if not bad else f'{bad} problems'}")
+        rows: dict[str, list[dict[str, Any]]] = {tuning: [] for tuning in args.tuning}
+        for _ in range(args.repeats):  # the settings alternate, so both see the same machine
+            for tuning in args.tuning:
+                argv = _with_option(_with_option(sys.argv[1:], "--servers", str(servers)), "--tuning", tuning)
+                out = subprocess.run([sys.executable, __file__, "--one", *argv], check=True, capture_output=True, text=True)
+                rows[tuning].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for tuning, runs in rows.items():
+            line = f"{servers:>8}" + "".join(f" {spread([r[k] for r in runs], fmt):>{width}}" for k, _, fmt in COLUMNS)
+            print(f"{line}  {tuning}")
+            bad = sum(r["ledger_problems"] for r in runs)
+            print(f"{'':8}time factor {runs[0]['time_factor']:.1f}, {sum(r['steps'] for r in runs)} batches taken, "
+                  f"{sum(r['measured_requests'] for r in runs)} uninterrupted requests, {sum(r['agent_calls'] for r in runs)} "
+                  f"agent calls measured; ledger: {'exactly once' if not bad else f'{bad} problems'}")
+        if len(rows) == 2:
+            (a, runs_a), (b, runs_b) = rows.items()
+            ratio = {k: statistics.median(r[k] for r in runs_a) / statistics.median(r[k] for r in runs_b)
+                     for k in ("requests_per_s", "cpu_us_per_request")}
+            print(f"{'':8}{a}/{b} (medians): req/s x{ratio['requests_per_s']:.2f}, "
+                  f"CPU per request x{ratio['cpu_us_per_request']:.2f}")
         sys.stdout.flush()
 
 
-def _with_servers(cmd: list[str], servers: int) -> list[str]:
-    """``cmd`` with any ``--servers ...`` values replaced by ``--servers servers``."""
+def _with_option(cmd: list[str], option: str, value: str) -> list[str]:
+    """``cmd`` with any ``option ...`` values replaced by ``option value``."""
     out, skipping = [], False
     for arg in cmd:
-        if arg == "--servers":
+        if arg == option:
             skipping = True
             continue
         if skipping and not arg.startswith("--"):
             continue
         skipping = False
         out.append(arg)
-    return [*out, "--servers", str(servers)]
+    return [*out, option, value]
 
 
 if __name__ == "__main__":
