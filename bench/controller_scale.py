@@ -30,9 +30,10 @@ prints their ratios.
 Printed per configuration, over a ``--seconds`` window after ``--warmup-s``:
 sustained requests/s; controller CPU per request (process CPU time / requests, all threads);
 p50/p99 added latency per request (time in ``engine.agenerate_group`` minus the group's slowest
-simulated latency, for groups no weight update interrupted) and per agent call (HTTP call to the proxy minus the
-simulated latency); the cyclic GC's pauses (ms per second of window, longest pause); memory per in-flight episode (RSS growth from just before the controller
-started / episodes running or ready); the ledger audit (every episode consumed exactly once).
+simulated latency, for groups no weight update interrupted) and per agent call (HTTP call to the
+proxy minus the simulated latency); the cyclic GC's pauses (ms per second of window, longest
+pause); memory per in-flight episode (RSS growth from just before the controller started /
+episodes running or ready); the ledger audit (every episode consumed exactly once).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import contextlib
+import gc
 import itertools
 import json
 import math
