@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,8 +23,6 @@ from pathlib import Path
 import psutil
 from quickstart_runs import MARK, kill_marked, marked_pids
 
-from areal_core.api.scheduler import free_port
-
 HEAD_IP = "127.0.0.3"
 RAY_START = [sys.executable, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats", "--object-store-memory=100000000"]
 # no OOM killing of our actors for the machine's load (this box is shared); on the head: a dead node
@@ -32,11 +31,24 @@ NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
 HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
 
-def node_ports() -> list[str]:
-    """The per-node port flags of ``ray start``, each a port free on this machine now."""
-    flags = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
-    return [f"{flag}={free_port()}" for flag in flags]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this machine now. The sockets stay bound until all are
+    picked: separate ``free_port()`` calls can return one port twice, and ``ray start`` refuses
+    to give two of its components the same port."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def port_flags(*flags: str) -> list[str]:
+    """``ray start`` port flags, each given its own free port."""
+    return [f"{flag}={port}" for flag, port in zip(flags, free_ports(len(flags)), strict=True)]
+
+
+NODE_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                   "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
 
 
 def worker_ports(ip: str) -> list[str]:
@@ -82,10 +94,10 @@ def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
     takes ``ray job submit`` (``ray[default]``); yields its address."""
     temp_dir = tempfile.mkdtemp(prefix="ray-mn", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     mark = uuid.uuid4().hex
-    address = f"{HEAD_IP}:{free_port()}"
-    cmd = [*RAY_START, "--head", f"--node-ip-address={HEAD_IP}", f"--port={address.rsplit(':', 1)[1]}",
-           f"--dashboard-host={HEAD_IP}", f"--dashboard-port={free_port()}", f"--temp-dir={temp_dir}",
-           f"--ray-client-server-port={free_port()}", *node_ports(), *resources(cpus, custom)]
+    ports = port_flags("--port", "--dashboard-port", "--ray-client-server-port", *NODE_PORT_FLAGS)
+    address = f"{HEAD_IP}:{ports[0].split('=')[1]}"
+    cmd = [*RAY_START, "--head", f"--node-ip-address={HEAD_IP}", f"--dashboard-host={HEAD_IP}",
+           f"--temp-dir={temp_dir}", *ports, *resources(cpus, custom)]
     try:
         started = subprocess.run(cmd, check=False, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
                                  timeout=180)
@@ -107,7 +119,7 @@ def worker_node(address: str, ip: str, cpus: int, custom: dict[str, float], wrap
     mark = uuid.uuid4().hex
     temp_dir = tempfile.mkdtemp(prefix=f"ray-{ip.rsplit('.', 1)[1]}-", dir="/tmp")  # short: socket paths
     cmd = [*wrap, *RAY_START, f"--address={address}", f"--node-ip-address={ip}", "--block", f"--temp-dir={temp_dir}",
-           *node_ports(), *worker_ports(ip), *resources(cpus, custom)]
+           *port_flags(*NODE_PORT_FLAGS), *worker_ports(ip), *resources(cpus, custom)]
     log = Path(tempfile.mkstemp(prefix=f"ray-node-{ip}-", suffix=".log")[1])
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env={**os.environ, **NODE_ENV, MARK: mark}, stdout=out, stderr=subprocess.STDOUT)

@@ -25,6 +25,7 @@ import pytest
 from quickstart_runs import (
     LAUNCHER, MARK, assert_same_params, cmdline, kill_marked, marked_pids, rewards, run_args, start, wait_until,
 )
+from ray_nodes import port_flags
 
 from areal_core.config import Config, load_config
 from areal_core.api.errors import ArealError, ConfigError
@@ -43,8 +44,8 @@ def private_head(*resources: str) -> Iterator[str]:
     """A Ray head node of our own (temp dir, free ports, every process marked); yields its address."""
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     mark = uuid.uuid4().hex
-    ports = [f"{flag}={free_port()}" for flag in ("--port", "--ray-client-server-port", "--dashboard-port",
-             "--dashboard-agent-listen-port", "--metrics-export-port", "--runtime-env-agent-port")]
+    ports = port_flags("--port", "--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port",
+                       "--metrics-export-port", "--runtime-env-agent-port")
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address=127.0.0.1",
            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}", *ports, *resources]
     try:
