@@ -401,12 +401,14 @@ class _Loop:
         def write_checkpoint(path: Path) -> None:
             self.planes.trainer.save_checkpoint(str(path))
 
+        with self.rollout.intake_held():  # the loop refills the pipe from the loader between steps
+            loader_state, in_flight = self.loader.state_dict(), self.rollout.in_flight()
         self.recover.save(
             RecoverInfo(
                 step=step,
                 version=step,
-                loader_state=self.loader.state_dict(),
-                in_flight=self.rollout.in_flight(),
+                loader_state=loader_state,
+                in_flight=in_flight,
                 checkpoint=Path(),
                 fingerprint=self.fixed,
             ),
@@ -437,6 +439,8 @@ class _Loop:
                     step_start = time.perf_counter()
                     with timeline.span("rollout_wait", step) as wait:
                         batch = order_batch(self._next_batch(step))
+                    if step == config.total_train_steps:
+                        rollout.end_intake()  # no episode would be used
                     rollout_stats = rollout.stats
                     with timeline.span("train", step) as train:
                         stats = self._train_on(batch, step)

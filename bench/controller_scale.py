@@ -123,8 +123,9 @@ class ChatAgent:
                 if resp.status != 200:
                     raise RuntimeError(f"proxy answered {resp.status}: {answer}")
             simulated = self.engine.by_seed.pop(seed, None)
-            if simulated is not None:
-                self.added.append(loop.time() - start - simulated)
+            if simulated is not None and start >= self.engine.added_since:
+                end = loop.time()
+                self.added.append(end - start - simulated - self.engine.paused_between(start, end))
             self.calls += 1
             reply = answer["choices"][0]["message"]["content"]
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "tool: ok"}]
@@ -216,7 +217,9 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     gc_pauses = GcPauses()
     gc.callbacks.append(gc_pauses)
 
-    async def snapshot() -> dict[str, Any]:
+    async def snapshot(opens_window: bool = False) -> dict[str, Any]:
+        if opens_window:  # added latency of what starts from now: not the pipe's first fill at start
+            engine.added_since = asyncio.get_running_loop().time()
         added, engine.added = engine.added, []
         agent_added, agent.added = agent.added, []
         pauses, gc_pauses.pauses = gc_pauses.pauses, []
@@ -233,7 +236,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         try:
             time.sleep(args.warmup_s)
             controller.run(profile(True))
-            first = controller.run(snapshot())
+            first = controller.run(snapshot(opens_window=True))
             in_flight = []
             while time.monotonic() - first["t"] < args.seconds:
                 time.sleep(min(1.0, args.seconds))

@@ -94,9 +94,12 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.rng = random.Random(config.seed)
         self.version = 0
         self.completed = 0  # requests answered in full
-        #: per request of a group no pause interrupted: wall time in ``agenerate_group`` minus the
-        #: group's slowest simulated latency
+        #: per request of a group no pause interrupted that started at or after ``added_since`` (loop
+        #: time): wall time in ``agenerate_group`` minus the group's slowest simulated latency and
+        #: minus the time generation was paused meanwhile
         self.added: list[float] = []
+        self.added_since = -math.inf
+        self._pauses: list[list[float]] = []  # [start, end] in loop time (end inf while in force)
         self.by_seed: dict[int, float] = {}  # sampling seed -> simulated latency, for callers that pass seeds
         self._interrupted: set[str] = set()  # running request ids aborted by a pause at least once
         self._plans: dict[str, tuple[float, int]] = {}  # request id -> (latency, length) while it runs
@@ -127,8 +130,9 @@ class ReplayLatencyEngine(HTTPServerEngine):
             interrupted = any(r.request_id in self._interrupted for r in requests)
             self._interrupted.difference_update(r.request_id for r in requests)
         self.completed += len(requests)
-        if not interrupted and None not in plans:  # the group returns with its slowest request
-            added = asyncio.get_running_loop().time() - start - max(p[0] for p in plans)
+        if not interrupted and None not in plans and start >= self.added_since:  # it returns with its slowest request
+            end = asyncio.get_running_loop().time()
+            added = end - start - max(p[0] for p in plans) - self.paused_between(start, end)
             self.added.extend([added] * len(requests))
         return responses
 
@@ -163,7 +167,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
 
     def _abort_all(self) -> None:
         """What a real server's pause route does: end every running segment with what it has."""
-        now = self._loop.time() if self._loop is not None else 0.0
+        now = self._pause_began()
         for run in list(self._running.values()):
             run.timer.cancel()
             _finish(run.future, run.produced(now), "abort")
@@ -171,19 +175,33 @@ class ReplayLatencyEngine(HTTPServerEngine):
 
     def _freeze_all(self) -> None:
         """What a keep pause does: every running segment stops producing, keeping its progress."""
-        now = self._frozen_at = self._loop.time() if self._loop is not None else 0.0
+        now = self._frozen_at = self._pause_began()
         for run in self._running.values():
             run.timer.cancel()
             run.marks.append((run.produced(now), self.version))
 
     def _thaw_all(self) -> None:
-        """Frozen segments go on from where they stopped, on the version served now."""
-        if self._frozen_at is None or self._loop is None:
+        """The pause ends; frozen segments go on from where they stopped, on the version served now."""
+        now = self._loop.time()
+        if self._pauses and self._pauses[-1][1] == math.inf:
+            self._pauses[-1][1] = now
+        if self._frozen_at is None:
             return
-        shift, self._frozen_at = self._loop.time() - self._frozen_at, None
+        shift, self._frozen_at = now - self._frozen_at, None
         for run in self._running.values():
             run.start += shift
             run.timer = self._loop.call_at(run.start + run.seconds, _finish, run.future, run.tokens, "length")
+
+    def _pause_began(self) -> float:
+        now = self._loop.time()
+        self._pauses.append([now, math.inf])
+        return now
+
+    def paused_between(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end]`` (loop time) during which a pause held generation: the weight
+        update's own time, which a request waits out whatever the controller does, so it is not
+        added latency."""
+        return sum(max(0.0, min(stop, end) - max(begin, start)) for begin, stop in self._pauses if stop > start)
 
     # ------------------------------------------------------------------ control
     def pause(self) -> None:

@@ -49,3 +49,5 @@ def test_a_pause_mid_request_splits_its_versions(keep: bool) -> None:
     assert response.stop_reason == "length" and len(response.output_ids) == TOKENS
     assert engine.completed == 2 and wall >= LATENCY + 0.2  # no token comes out while paused
     assert len(engine.added) == (2 if keep else 1)  # `added`: requests no pause interrupted
+    if keep:  # ... less the time the pause held them: the 0.2 s waited out is the update's, not added
+        assert 0 <= engine.added[-1] < 0.2

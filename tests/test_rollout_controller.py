@@ -9,10 +9,12 @@ import time
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rollout_doubles import HoldingEngine, ScriptedEngine
 
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.rollout.runner import RolloutRunner
+from areal_core.rollout.runner import RolloutRunner, _lags
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
@@ -105,6 +107,7 @@ def test_every_item_consumed_once_per_epoch():
             consumed += _episodes(batch)
             carried_over |= {d["id"] for d in ctl.in_flight()}
             _bump(ctl)
+        ctl.end_intake()
         left = len(ctl.in_flight())
         consumed += _episodes(ctl.wait(left, timeout=60))
         stats = ctl.stats
@@ -115,6 +118,35 @@ def test_every_item_consumed_once_per_epoch():
     assert carried_over  # some items were in flight when a batch returned, and still got consumed
     assert stats.consumed == stats.accepted == len(consumed) and stats.rejected == stats.failed == 0
     assert stats.running == stats.queued == 0
+
+
+def test_the_pipe_refills_between_batches_until_the_intake_ends():
+    """While the caller trains on a batch, each episode that ends is replaced from the loader
+    (``max_concurrent`` binds here), up to the staleness window; ``end_intake`` stops that."""
+    loader = RecordingLoader(PromptLoader(_items(100), seed=0))
+    with _controller(ScriptedEngine(), batch_size=2, eta=10, max_concurrent=4) as ctl:
+        ctl.prepare_batch(loader, GroupWorkflow(), timeout=60)
+        window = (10 + 1) * 2  # items version 0 admits, the batch taken included
+        deadline = time.monotonic() + 30
+        while len(loader.taken) < window and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(loader.taken) == window  # the pipe was refilled with no prepare_batch waiting
+        ctl.end_intake()
+        _bump(ctl)  # the window opens by a batch, but the intake is over
+        time.sleep(0.3)
+        assert len(loader.taken) == window
+        with ctl.intake_held():
+            assert len(ctl.in_flight()) == window - 2
+
+
+@given(st.lists(st.lists(st.integers(-1, 5), max_size=30), max_size=6), st.integers(5, 8))
+def test_batch_lags_are_those_of_every_generated_token(versions: list[list[int]], version: int) -> None:
+    batch = [Trajectory(input_ids=[0] * len(v), loss_mask=[0] * len(v), logprobs=[0.0] * len(v), versions=v,
+                        reward=0.0, prompt_id="p", uid=f"u{i}") for i, v in enumerate(versions)]
+    lags = [version - v for vs in versions for v in vs if v >= 0]
+    max_lag, mean_lag = _lags(batch, version)
+    assert max_lag == max(lags, default=0)
+    assert mean_lag == pytest.approx(sum(lags) / len(lags) if lags else 0.0)
 
 
 def test_rejections_are_counted_and_never_consumed():

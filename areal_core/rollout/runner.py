@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -134,7 +135,9 @@ class RolloutRunner:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return
-        self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
+        with self._cond:  # the intake ends first: nothing starts after the record of what is in flight
+            self._source = None
+            self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
         asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
         asyncio.run_coroutine_threadsafe(self._session.__aexit__(None, None, None), loop).result()
         loop.call_soon_threadsafe(loop.stop)
@@ -230,7 +233,7 @@ class RolloutRunner:
         self._pump()
 
     def _pull(self) -> bool:
-        """Queue the next item of the batch being prepared, if a ``prepare_batch`` is waiting
+        """Queue the next item of the last ``prepare_batch``'s loader, if intake from it goes on
         (called under the lock, so the loader is never read by two threads at once)."""
         if self._source is None or self._failing:
             return False
@@ -250,8 +253,21 @@ class RolloutRunner:
     # ------------------------------------------------------------------ consumption
 
     def wait(self, n: int, timeout: float | None = None) -> list[Trajectory]:
-        """Take ``n`` accepted episodes (flattened, each group contiguous); TimeoutError if late."""
+        """Take ``n`` accepted episodes (flattened, each group contiguous); TimeoutError if late.
+        Only submitted episodes start from now: it ends the intake from a ``prepare_batch`` loader."""
         return self._take(n, timeout, source=None)
+
+    def end_intake(self) -> None:
+        """Start no more episodes from the last ``prepare_batch``'s loader (after a run's last batch)."""
+        with self._cond:
+            self._source = None
+
+    @contextlib.contextmanager
+    def intake_held(self) -> Iterator[None]:
+        """No item is taken from the loader meanwhile, so its position and :meth:`in_flight` agree
+        (a recover point keeps both)."""
+        with self._cond:
+            yield
 
     def prepare_batch(
         self,
@@ -260,7 +276,9 @@ class RolloutRunner:
         batch_size: int | None = None,
         timeout: float | None = None,
     ) -> list[Trajectory]:
-        """Keep the pipe full from ``dataloader`` and return one batch of ``batch_size`` episodes."""
+        """Keep the pipe full from ``dataloader`` and return one batch of ``batch_size`` episodes.
+        The pipe stays full from it after the return too (episodes start as capacity opens while
+        the caller trains), until :meth:`end_intake`, :meth:`wait` or another ``prepare_batch``."""
         n = self.staleness.batch_size if batch_size is None else batch_size
         if n != self.staleness.batch_size:
             raise ValueError(
@@ -306,17 +324,19 @@ class RolloutRunner:
                         )
                     self._cond.wait(remaining)
             finally:
-                self._source, self._want = None, 0
+                self._want = 0
             episodes = [self._ready.pop(t.serial) for t in chosen]
-            for ep in episodes:
-                self._record("consumed", uid=episode_uid(ep.data), version=self.staleness.version)
+            version = self.staleness.version
             self.staleness.consume(chosen)
             self._stats.consumed += len(chosen)
             self._gauge()
-            batch = [traj for ep in episodes for traj in ep.trajectories]
-            lags = [self.staleness.version - v for traj in batch for v in traj.versions if v >= 0]
-            self._stats.batch_max_lag = max(lags, default=0)
-            self._stats.batch_mean_lag = sum(lags) / len(lags) if lags else 0.0
+        # the rest holds no lock: at thousands of episodes it takes a while, and the loop goes on
+        for ep in episodes:
+            self._record("consumed", uid=episode_uid(ep.data), version=version)
+        batch = [traj for ep in episodes for traj in ep.trajectories]
+        max_lag, mean_lag = _lags(batch, version)
+        with self._cond:
+            self._stats.batch_max_lag, self._stats.batch_mean_lag = max_lag, mean_lag
         return batch
 
     # ------------------------------------------------------------------ weight updates
@@ -397,6 +417,17 @@ class RolloutRunner:
     def _record(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:
             self.ledger.record(event, **fields)
+
+
+def _lags(batch: list[Trajectory], version: int) -> tuple[int, float]:
+    """Max and mean lag (``version`` minus the version that produced it) over the generated tokens
+    of ``batch``, counted per distinct version (a batch can hold millions of tokens)."""
+    count, total, oldest = 0, 0, version
+    for traj in batch:
+        for produced_by, tokens in collections.Counter(traj.versions).items():
+            if produced_by >= 0:  # -1: a prompt token
+                count, total, oldest = count + tokens, total + produced_by * tokens, min(oldest, produced_by)
+    return (version - oldest, version - total / count) if count else (0, 0.0)
 
 
 def _checked_episode(result: Any) -> list[Trajectory] | None:
