@@ -56,11 +56,19 @@ class Ledger:
         """Append one event; ``uid`` defaults to the running episode's (:data:`EPISODE_UID`)."""
         if "uid" not in fields and (uid := EPISODE_UID.get()) is not None:
             fields["uid"] = uid
-        line = json.dumps({"event": event, "t": time.time(), **fields}, default=str)
+        self._write(json.dumps({"event": event, "t": time.time(), **fields}, default=str) + "\n")
+
+    def record_many(self, event: str, rows: list[dict[str, Any]]) -> None:
+        """Append one ``event`` per row (its fields), taking the lock and flushing once for all
+        (a batch's thousands of ``consumed`` lines, while the rollout loop records too)."""
+        now = time.time()
+        self._write("".join(json.dumps({"event": event, "t": now, **fields}, default=str) + "\n" for fields in rows))
+
+    def _write(self, text: str) -> None:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(line + "\n")
+            self._file.write(text)
             self._file.flush()
 
     def close(self) -> None:

@@ -331,8 +331,8 @@ class RolloutRunner:
             self._stats.consumed += len(chosen)
             self._gauge()
         # the rest holds no lock: at thousands of episodes it takes a while, and the loop goes on
-        for ep in episodes:
-            self._record("consumed", uid=episode_uid(ep.data), version=version)
+        if self.ledger is not None:
+            self.ledger.record_many("consumed", [{"uid": episode_uid(ep.data), "version": version} for ep in episodes])
         batch = [traj for ep in episodes for traj in ep.trajectories]
         max_lag, mean_lag = _lags(batch, version)
         with self._cond:
