@@ -123,9 +123,8 @@ class ChatAgent:
                 if resp.status != 200:
                     raise RuntimeError(f"proxy answered {resp.status}: {answer}")
             simulated = self.engine.by_seed.pop(seed, None)
-            if simulated is not None and start >= self.engine.added_since:
-                end = loop.time()
-                self.added.append(end - start - simulated - self.engine.paused_between(start, end))
+            if simulated is not None and (added := self.engine.added_latency(start, simulated)) is not None:
+                self.added.append(added)
             self.calls += 1
             reply = answer["choices"][0]["message"]["content"]
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "tool: ok"}]

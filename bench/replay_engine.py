@@ -130,11 +130,19 @@ class ReplayLatencyEngine(HTTPServerEngine):
             interrupted = any(r.request_id in self._interrupted for r in requests)
             self._interrupted.difference_update(r.request_id for r in requests)
         self.completed += len(requests)
-        if not interrupted and None not in plans and start >= self.added_since:  # it returns with its slowest request
-            end = asyncio.get_running_loop().time()
-            added = end - start - max(p[0] for p in plans) - self.paused_between(start, end)
-            self.added.extend([added] * len(requests))
+        if not interrupted and None not in plans:  # the group returns with its slowest request
+            added = self.added_latency(start, max(p[0] for p in plans))
+            if added is not None:
+                self.added.extend([added] * len(requests))
         return responses
+
+    def added_latency(self, start: float, simulated: float) -> float | None:
+        """Seconds from ``start`` (loop time) to now beyond ``simulated`` and beyond the time a pause
+        held generation meanwhile; None for a call that started before ``added_since``."""
+        if start < self.added_since:
+            return None
+        end = asyncio.get_running_loop().time()
+        return end - start - simulated - self.paused_between(start, end)
 
     async def _generate_segments(self, session: Any, address: str, *, calls: list[SegmentCall]) -> list[Segment]:
         return await one_call_each(self._generate_segment, session, address, calls)

@@ -136,7 +136,7 @@ class RolloutRunner:
         if loop is None or thread is None or not thread.is_alive():
             return
         with self._cond:  # the intake ends first: nothing starts after the record of what is in flight
-            self._source = None
+            self.end_intake()
             self._record("stop", in_flight=[episode_uid(d) for d in self.in_flight()])
         asyncio.run_coroutine_threadsafe(self._cancel_all(), loop).result()
         asyncio.run_coroutine_threadsafe(self._session.__aexit__(None, None, None), loop).result()
