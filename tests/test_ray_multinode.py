@@ -265,8 +265,10 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
     node comes back (started while the run stops) and the rerun (``recover.mode=auto``) resumes from
     the last recover point and finishes; no sample is lost. The controller is frozen (SIGSTOP) from
     the recover point until the node's processes are gone, so that the loss lands mid-run however
-    fast the steps are; the recover point it was frozen at (the controller publishes them) is read
-    after the freeze, as a fast run may have published the next one before the freeze."""
+    fast the steps are. The controller publishes the recover points: the one it was frozen at is read
+    after the freeze, and the run may publish one more after it resumes, when the trainer finished
+    that step's checkpoint before its node went (its reply waits in the controller's socket). The
+    rerun must resume from whichever was published last."""
     steps = 4
     mark = marks()
     run_dir = tmp_path / "quickstart" / "lost-trainer"
@@ -277,9 +279,9 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
         node = nodes.enter_context(worker_node(cluster, TRAINING_IP, 1, {"training": 1}))
         proc = launch(tmp_path, "lost-trainer", cluster, mark, *args)
         wait_until(lambda: latest.exists() or proc.poll() is not None, 300, "the first recover point")
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
         controller = json.loads((run_dir / "control.json").read_text())["pid"]
         os.kill(controller, signal.SIGSTOP)
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
         frozen_at = json.loads(latest.read_text())["step"]
         assert frozen_at < steps, f"the run reached its last recover point (step {frozen_at}) before the freeze"
         trainer = placement(mark, b"areal_core.train.worker")
@@ -296,14 +298,17 @@ def test_a_lost_training_node_fails_the_run_and_the_rerun_recovers_from_the_last
         (error,) = [line for line in out.splitlines() if line.startswith("areal: error:")]
         assert error.startswith("areal: error: trainer0 exited"), out[-3000:]
         wait_until(lambda: not marked_pids(mark), 60, "every process of the run to exit")  # no orphan
-        assert json.loads(latest.read_text())["step"] == frozen_at
+        lost_at = json.loads(latest.read_text())["step"]
+        assert frozen_at <= lost_at < steps, f"frozen at step {frozen_at}, failed with recover point {lost_at}"
+        assert (run_dir / "recover" / f"step{lost_at}").is_dir()
 
         mark = marks()
         out = finish(launch(tmp_path, "lost-trainer", cluster, mark, *args), mark)
-    assert f"recovered from step {frozen_at}" in out, out[-3000:]
+    assert f"recovered from step {lost_at}" in out, out[-3000:]
     assert json.loads(latest.read_text())["step"] == steps
     ledger_is_clean(run_dir, steps * 4)
-    print(f"\ntraining node lost at the step-{frozen_at} recover point -> controller exited "
+    print(f"\ntraining node lost at the step-{frozen_at} recover point (the rerun resumed from step {lost_at}) "
+          f"-> controller exited "
           f"{exited_at - resumed_at:.1f}s after it resumed; {error[:120]}")
 
 
