@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rollout_doubles import ScriptedEngine
 
 from areal_core.config import GenerationConfig
@@ -13,7 +15,7 @@ from areal_core.builtin.rewards.synthetic import exact_match
 from areal_core.rollout.multi_turn import FEEDBACK, MultiTurnWorkflow
 from areal_core.rollout.reward_runner import RewardRunner
 from areal_core.rollout.rlvr import RLVRWorkflow
-from areal_core.api.workflow import encode_chat
+from areal_core.api.workflow import decode_ids, encode_chat
 from areal_core.tiny_model import build_char_tokenizer
 
 DATA = {"id": "arith-3+4", "prompt": "3+4=", "answer": "7"}
@@ -113,3 +115,22 @@ def test_multi_turn_stops_on_success_or_after_max_turns(tokenizer, runner, answe
 def test_multi_turn_checks_its_knobs(tokenizer, runner):
     with pytest.raises(ValueError, match="gamma"):
         MultiTurnWorkflow(tokenizer, GenerationConfig(), runner, gamma=0.0)
+
+
+@given(ids=st.lists(st.integers(0, 40), max_size=64), skip=st.booleans())
+def test_decode_ids_is_the_tokenizers_decode(tokenizer, ids, skip):
+    """The shortcut past transformers' per-id argument check decodes exactly as ``decode`` does
+    (special tokens, eos and pad included)."""
+    assert decode_ids(tokenizer, ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+def test_decode_ids_keeps_a_tokenizers_own_decode(tokenizer):
+    """A tokenizer class whose ``decode`` is its own is called through it."""
+
+    class Shouting(type(tokenizer)):
+        def decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs).upper()
+
+    shouting = Shouting(tokenizer_object=tokenizer.backend_tokenizer)
+    ids = _ids(tokenizer, FEEDBACK)
+    assert decode_ids(shouting, ids) == FEEDBACK.upper() != FEEDBACK

@@ -41,7 +41,7 @@ from areal_core.api.engine import (
     InferenceEngine,
     SamplingParams,
 )
-from areal_core.api.workflow import encode_chat, sampling_params, stop_at_strings
+from areal_core.api.workflow import decode_ids, encode_chat, sampling_params, stop_at_strings
 
 logger = logging.getLogger(__name__)
 
@@ -181,13 +181,13 @@ class AgentProxy:
             logprobs=response.logprobs[:n_kept],
             versions=response.versions[:n_kept],
             finish_reason="stop" if stopped_early or response.stop_reason == "stop" else "length",
-            text=self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True),
+            text=decode_ids(self.tokenizer, response.output_ids[:n_kept]),
         )
 
     def reply(self, completion: Completion, parse_tools: bool) -> Reply:
         """The completion's content and, with ``parse_tools``, the tool calls parsed out of it."""
         if parse_tools:
-            raw = self.tokenizer.decode(completion.output_ids, skip_special_tokens=False)
+            raw = decode_ids(self.tokenizer, completion.output_ids, skip_special_tokens=False)
             content, calls = self.tool_parser(raw)
             if calls:
                 for token in self._special:

@@ -55,7 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "VersionBody", "WeightGroupBody", "check_load_path", "from_json", "to_json",
     ),
     "workflow": (
-        "RewardScorer", "TokenSequence", "Workflow", "encode_chat", "request_seed", "sampling_params",
+        "RewardScorer", "TokenSequence", "Workflow", "decode_ids", "encode_chat", "request_seed", "sampling_params",
         "stop_at_strings",
     ),
 }  # fmt: skip

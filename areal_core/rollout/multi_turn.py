@@ -16,6 +16,7 @@ from areal_core.api.engine import GenerationRequest, InferenceEngine
 from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
+    decode_ids,
     encode_chat,
     sampling_params,
     stop_at_strings,
@@ -61,7 +62,7 @@ class MultiTurnWorkflow:
         while True:
             response = await engine.agenerate(GenerationRequest(input_ids=list(seq.input_ids), sampling=self.sampling))
             n_kept = stop_at_strings(self.tokenizer, response.output_ids, self.gconfig.stop)
-            completion = self.tokenizer.decode(response.output_ids[:n_kept], skip_special_tokens=True)
+            completion = decode_ids(self.tokenizer, response.output_ids[:n_kept])
             seq.add_output(response, n_kept)
             reward = await self.reward_runner.score(data["prompt"], completion, reward_data(data))
             if reward > self.success_threshold or turn + 1 == self.max_turns:

@@ -14,6 +14,7 @@ from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.api.workflow import (
     RewardScorer,
     TokenSequence,
+    decode_ids,
     encode_chat,
     request_seed,
     sampling_params,
@@ -58,7 +59,7 @@ class RLVRWorkflow:
         requests = [GenerationRequest(input_ids=prompt_ids, sampling=self._sampling(data, i)) for i in range(n)]
         responses = await engine.agenerate_group(requests)
         kept = [stop_at_strings(self.tokenizer, r.output_ids, self.gconfig.stop) for r in responses]
-        completions = [self.tokenizer.decode(r.output_ids[:k], skip_special_tokens=True) for r, k in zip(responses, kept)]
+        completions = [decode_ids(self.tokenizer, r.output_ids[:k]) for r, k in zip(responses, kept)]
         rewards = await self.reward_runner.score_many([(data["prompt"], c, reward_data(data)) for c in completions])
         return [
             self._trajectory(data, prompt_ids, i, *sample)
