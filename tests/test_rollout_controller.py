@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rollout_doubles import HoldingEngine, ScriptedEngine
 
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
-from areal_core.rollout.runner import RolloutRunner, _lags
+from areal_core.rollout.runner import RolloutRunner, _lags, _tokens_by_version
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
@@ -139,14 +139,20 @@ def test_the_pipe_refills_between_batches_until_the_intake_ends():
             assert len(ctl.in_flight()) == window - 2
 
 
-@given(st.lists(st.lists(st.integers(-1, 5), max_size=30), max_size=6), st.integers(5, 8))
-def test_batch_lags_are_those_of_every_generated_token(versions: list[list[int]], version: int) -> None:
-    batch = [Trajectory(input_ids=[0] * len(v), loss_mask=[0] * len(v), logprobs=[0.0] * len(v), versions=v,
-                        reward=0.0, prompt_id="p", uid=f"u{i}") for i, v in enumerate(versions)]
-    lags = [version - v for vs in versions for v in vs if v >= 0]
-    max_lag, mean_lag = _lags(batch, version)
+@given(st.lists(st.lists(st.lists(st.integers(-1, 5), max_size=30), min_size=1, max_size=4), max_size=4),
+       st.integers(5, 8))
+def test_batch_lags_are_those_of_every_generated_token(episodes: list[list[list[int]]], version: int) -> None:
+    counted = [_tokens_by_version([_trajectory(v, f"u{i}") for i, v in enumerate(ep)]) for ep in episodes]
+    lags = [version - v for ep in episodes for vs in ep for v in vs if v >= 0]
+    max_lag, mean_lag = _lags(counted, version)
     assert max_lag == max(lags, default=0)
     assert mean_lag == pytest.approx(sum(lags) / len(lags) if lags else 0.0)
+
+
+def _trajectory(versions: list[int], uid: str) -> Trajectory:
+    n = len(versions)
+    return Trajectory(input_ids=[0] * n, loss_mask=[0] * n, logprobs=[0.0] * n, versions=versions, reward=0.0,
+                      prompt_id="p", uid=uid)
 
 
 def test_rejections_are_counted_and_never_consumed():

@@ -55,7 +55,9 @@ class RolloutStats:
 class _Episode:
     ticket: Ticket
     data: dict[str, Any]
-    trajectories: list[Trajectory] = attrs.Factory(list)
+    trajectories: list[Trajectory]
+    #: generated tokens per producing version, counted as the episode ends (the batch's lags add these up)
+    tokens_by_version: collections.Counter[int]
 
 
 class RolloutRunner:
@@ -206,6 +208,9 @@ class RolloutRunner:
         except Exception as exc:  # a workflow bug or a failed request must not stop the loop
             logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
             episode, outcome, reason = None, "failed", short_reason(exc)
+        # counted here, one episode at a time: a batch of thousands counted at once held the GIL for
+        # a long stretch, and the loop's requests waited behind it
+        tokens_by_version = _tokens_by_version(episode) if episode is not None else collections.Counter()
         self.failures.record(reason)
         if reason is not None:
             try:
@@ -216,7 +221,7 @@ class RolloutRunner:
             del self._running[ticket.serial]
             if episode is not None:
                 self.staleness.accept(ticket)
-                self._ready[ticket.serial] = _Episode(ticket, data, episode)
+                self._ready[ticket.serial] = _Episode(ticket, data, episode, tokens_by_version)
             else:
                 self.staleness.reject(ticket)
             if outcome == "failed" and self._attempts.get(uid, 0) < self.episode_retries:
@@ -334,7 +339,7 @@ class RolloutRunner:
         if self.ledger is not None:
             self.ledger.record_many("consumed", [{"uid": episode_uid(ep.data), "version": version} for ep in episodes])
         batch = [traj for ep in episodes for traj in ep.trajectories]
-        max_lag, mean_lag = _lags(batch, version)
+        max_lag, mean_lag = _lags([ep.tokens_by_version for ep in episodes], version)
         with self._cond:
             self._stats.batch_max_lag, self._stats.batch_mean_lag = max_lag, mean_lag
         return batch
@@ -419,14 +424,22 @@ class RolloutRunner:
             self.ledger.record(event, **fields)
 
 
-def _lags(batch: list[Trajectory], version: int) -> tuple[int, float]:
+def _tokens_by_version(episode: list[Trajectory]) -> collections.Counter[int]:
+    """How many generated tokens of ``episode`` each weight version produced (prompt tokens, -1, left out)."""
+    counts: collections.Counter[int] = collections.Counter()
+    for traj in episode:
+        counts.update(traj.versions)
+    del counts[-1]
+    return counts
+
+
+def _lags(episodes: list[collections.Counter[int]], version: int) -> tuple[int, float]:
     """Max and mean lag (``version`` minus the version that produced it) over the generated tokens
-    of ``batch``, counted per distinct version (a batch can hold millions of tokens)."""
+    of a batch, from each episode's ``_tokens_by_version`` (a batch can hold millions of tokens)."""
     count, total, oldest = 0, 0, version
-    for traj in batch:
-        for produced_by, tokens in collections.Counter(traj.versions).items():
-            if produced_by >= 0:  # -1: a prompt token
-                count, total, oldest = count + tokens, total + produced_by * tokens, min(oldest, produced_by)
+    for tokens_by_version in episodes:
+        for produced_by, tokens in tokens_by_version.items():
+            count, total, oldest = count + tokens, total + produced_by * tokens, min(oldest, produced_by)
     return (version - oldest, version - total / count) if count else (0, 0.0)
 
 
