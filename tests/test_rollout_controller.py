@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import time
+import types
 from typing import Any, Iterator
 
 import pytest
@@ -13,13 +15,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rollout_doubles import HoldingEngine, ScriptedEngine
 
+from areal_core.agent import AgentProxy
+from areal_core.agent.openai_api import RequestError, Sampling
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
+from areal_core.config import GenerationConfig
 from areal_core.rollout.runner import RolloutRunner, _lags, _tokens_by_version
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
 from areal_core.api.workflow import TokenSequence
 from areal_core.api.trajectory import Trajectory
+from areal_core.testing import LoopThread, wait_for
 
 #: Largest version lag of a consumed token per bound, over the controller tests (reported).
 OBSERVED_MAX_LAG: dict[int, int] = {}
@@ -153,6 +159,35 @@ def _trajectory(versions: list[int], uid: str) -> Trajectory:
     n = len(versions)
     return Trajectory(input_ids=[0] * n, loss_mask=[0] * n, logprobs=[0.0] * n, versions=versions, reward=0.0,
                       prompt_id="p", uid=uid)
+
+
+def test_stopping_answers_an_agent_s_pending_model_call_and_leaves_no_task_pending(caplog) -> None:
+    """An agent's model call runs on the rollout loop, put there by the proxy's own thread: the
+    runner's stop cancels it too, and the agent gets a 409 instead of a call that never returns."""
+    engine = ScriptedEngine(delay=lambda request: 3600.0)  # a token an hour: the call is in flight at the stop
+    no_decoding_tokenizer = types.SimpleNamespace(eos_token_id=None, pad_token_id=None, all_special_tokens=[])
+    proxy = AgentProxy(engine, no_decoding_tokenizer, GenerationConfig(max_new_tokens=4))
+    proxy_loop = LoopThread()  # the proxy server's loop
+    runner = RolloutRunner(engine, StalenessManager(batch_size=1, max_head_offpolicyness=0, max_concurrent=1))
+    runner.start()
+    try:
+        session = proxy.sessions.start(runner.run(_running_loop()))
+        call = proxy_loop.submit(proxy.complete(session, [1, 2], Sampling(), "chatcmpl"))
+        wait_for(lambda: engine.in_flight == 1, "the model call to reach the engine")
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            runner.stop()
+            with pytest.raises(RequestError) as refused:
+                call.result(timeout=30)
+            gc.collect()
+    finally:
+        runner.stop()
+        proxy_loop.close()
+    assert refused.value.status == 409
+    assert "destroyed" not in caplog.text
+
+
+async def _running_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 def test_rejections_are_counted_and_never_consumed():

@@ -44,6 +44,7 @@ from areal_core.api.engine import (
 from areal_core.api.workflow import decode_ids, encode_chat, sampling_params, stop_at_strings
 
 logger = logging.getLogger(__name__)
+LOOP_STOPPED = "this session's rollout loop has stopped; the episode is over"
 
 
 @attrs.frozen
@@ -141,12 +142,23 @@ class AgentProxy:
         try:
             if loop is None or loop is asyncio.get_running_loop():
                 return await self.engine.agenerate(request)
-            future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(request), loop)
-            return await asyncio.wrap_future(future)
+            future = asyncio.run_coroutine_threadsafe(self._generate_unless_cancelled(request), loop)
+            response = await asyncio.wrap_future(future)
         except RuntimeError as exc:
             if loop is not None and loop.is_closed():
-                raise RequestError(409, "this session's rollout loop has stopped; the episode is over") from exc
+                raise RequestError(409, LOOP_STOPPED) from exc
             raise
+        if response is None:
+            raise RequestError(409, LOOP_STOPPED)
+        return response
+
+    async def _generate_unless_cancelled(self, request: GenerationRequest) -> GenerationResponse | None:
+        """``engine.agenerate`` on the engine loop, or None when that loop's stop cancels it (a
+        result, not an exception: no one may be left to retrieve it when the caller went first)."""
+        try:
+            return await self.engine.agenerate(request)
+        except asyncio.CancelledError:
+            return None
 
     async def complete(
         self, session: Session, prompt_ids: list[int], sampling: Sampling, kind: str, n: int = 1

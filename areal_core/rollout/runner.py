@@ -156,7 +156,9 @@ class RolloutRunner:
         self.stop()
 
     async def _cancel_all(self) -> None:
-        tasks = list(self._tasks)
+        """Cancel every task on the loop: the episodes, and calls other threads put on it (an agent
+        proxy's model calls), which would otherwise be left pending when the loop closes."""
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
