@@ -3,11 +3,15 @@
 - **GIL switch interval** 0.5 ms (Python's default: 5 ms). The main thread waits on trainer
   replies and servers while the rollout loop's thread runs Python; after each wait it gets the
   GIL back sooner (bench/vs_trl.py: about 7% shorter steps).
-- **Cyclic GC thresholds** (100,000, 50, 100) (Python's default: (700, 10, 10)). Episodes in
-  flight live for seconds, so nearly every object they allocate outlives a young collection and
-  is promoted; with the defaults, full collections of the whole in-flight heap (about 0.9 s each
-  at 8,192 episodes) took about half of the rollout loop's CPU (bench/controller_scale.py).
-  Reference counting still frees everything that is not in a cycle at once.
+- **The cyclic GC runs on a clock, not on allocation counts.** Python starts a young collection
+  when allocations minus deallocations pass a threshold. In the controller most objects die old
+  (an episode lives for seconds), and their deallocations hold that count down while the young
+  generation grows: at 8,192 episodes in flight a young collection found about 600,000 objects
+  and stopped the rollout loop for about 0.5 s, every few seconds (bench/controller_scale.py).
+  So the automatic GC is off, and a thread collects the young generations every
+  ``YOUNG_GC_PERIOD_S`` (what survives goes to the old generation), and the whole heap when the
+  trainer has paused generation for a weight update (:func:`collect_all_soon`), at most every
+  ``FULL_GC_MIN_INTERVAL_S``. Reference counting still frees everything not in a cycle at once.
 """
 
 from __future__ import annotations
@@ -15,20 +19,73 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 SWITCH_INTERVAL_S = 0.0005
-GC_THRESHOLDS = (100_000, 50, 100)
+YOUNG_GC_PERIOD_S = 0.05
+FULL_GC_MIN_INTERVAL_S = 60.0
+
+_clock: _GcClock | None = None
+
+
+class _GcClock:
+    """A daemon thread: young collections on a period, a full one when asked (not more often than
+    ``full_min_interval_s``)."""
+
+    def __init__(self, young_period_s: float, full_min_interval_s: float) -> None:
+        self.young_period_s, self.full_min_interval_s = young_period_s, full_min_interval_s
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._full_wanted = False
+        self._last_full = -float("inf")
+        self._thread = threading.Thread(target=self._run, name="gc-clock", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def collect_all_soon(self) -> None:
+        if time.monotonic() - self._last_full >= self.full_min_interval_s:
+            self._full_wanted = True
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.young_period_s)
+            self._wake.clear()
+            if self._full_wanted:
+                self._full_wanted, self._last_full = False, time.monotonic()
+                gc.collect()
+            else:
+                gc.collect(1)  # generations 0 and 1: their survivors move to the old generation
+
+
+def collect_all_soon() -> None:
+    """A weight update has paused generation: collect the whole heap now, on the clock's thread
+    (under :func:`controller_tuning`; elsewhere Python's own GC runs and this does nothing)."""
+    if _clock is not None:
+        _clock.collect_all_soon()
 
 
 @contextlib.contextmanager
 def controller_tuning() -> Iterator[None]:
     """Apply the settings above for the ``with`` block; the previous ones come back after it."""
-    switch_interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    global _clock
+    switch_interval, gc_enabled = sys.getswitchinterval(), gc.isenabled()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.disable()
+    clock = _clock = _GcClock(YOUNG_GC_PERIOD_S, FULL_GC_MIN_INTERVAL_S)
+    clock.start()
     try:
         yield
     finally:
+        clock.stop()
+        _clock = None
         sys.setswitchinterval(switch_interval)
-        gc.set_threshold(*thresholds)
+        if gc_enabled:
+            gc.enable()

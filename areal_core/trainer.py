@@ -23,7 +23,7 @@ from typing import Any, Callable
 import attrs
 
 from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
-from areal_core.controller_tuning import controller_tuning
+from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import adapter_weight_path_note, resolve_config
@@ -384,6 +384,7 @@ class _Loop:
         with timeline.span("weight_update", step, version=version) as whole:
             with timeline.span("pause", step, parent="weight_update"):
                 rollout.pause()
+            collect_all_soon()  # the controller's own garbage, while generation waits anyway
             try:  # servers that joined get the weights too; one lost meanwhile is left out
                 with timeline.span("weight_load", step, parent="weight_update"):
                     self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)

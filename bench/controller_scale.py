@@ -23,7 +23,7 @@ Monte Carlo over the episode mix). Responses carry 2 tokens per real second (pay
 ~15x from a 30 tokens/s decode to fit the shared box's memory).
 
 The process runs under the interpreter settings a run's controller uses
-(:mod:`areal_core.controller_tuning`: GIL switch interval, cyclic GC thresholds), or with
+(:mod:`areal_core.controller_tuning`: GIL switch interval, the cyclic GC on a clock), or with
 ``--tuning python`` under Python's defaults; ``--tuning controller python`` alternates the two and
 prints their ratios.
 
@@ -64,7 +64,7 @@ from replay_engine import Lognormal, ReplayLatencyEngine
 
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import load_config
-from areal_core.controller_tuning import controller_tuning
+from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.dataloader import EPOCH_KEY
@@ -259,6 +259,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             steps[0] += 1
             stop.wait(args.train_s)
             controller.pause()
+            collect_all_soon()  # as the trainer does (with --tuning python, Python's own GC runs instead)
             stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
             controller.resume()

@@ -1,30 +1,33 @@
 """areal_core.controller_tuning: the controller's interpreter settings hold inside the block only,
-and the cyclic GC still collects cycles under them (fewer passes, not none)."""
+and the cyclic GC still collects cycles under them (on its clock: young ones by themselves, old
+ones when a weight update asks)."""
 
 from __future__ import annotations
 
 import gc
 import sys
+import time
 import weakref
 
 import pytest
 
-from areal_core.controller_tuning import GC_THRESHOLDS, SWITCH_INTERVAL_S, controller_tuning
+from areal_core.controller_tuning import SWITCH_INTERVAL_S, YOUNG_GC_PERIOD_S, collect_all_soon, controller_tuning
+from areal_core.testing import wait_for
 
 
 def test_settings_hold_inside_the_block_and_come_back_after_it() -> None:
-    before = (gc.get_threshold(), sys.getswitchinterval())
+    before = (gc.isenabled(), sys.getswitchinterval())
     with controller_tuning():
-        assert gc.get_threshold() == GC_THRESHOLDS
+        assert not gc.isenabled()  # the clock collects instead
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-    assert (gc.get_threshold(), sys.getswitchinterval()) == before
+    assert (gc.isenabled(), sys.getswitchinterval()) == before
 
 
 def test_settings_come_back_when_the_block_raises() -> None:
-    before = (gc.get_threshold(), sys.getswitchinterval())
+    before = (gc.isenabled(), sys.getswitchinterval())
     with pytest.raises(KeyError), controller_tuning():
         raise KeyError("run failed")
-    assert (gc.get_threshold(), sys.getswitchinterval()) == before
+    assert (gc.isenabled(), sys.getswitchinterval()) == before
 
 
 class _Node:
@@ -32,12 +35,23 @@ class _Node:
         self.me = self  # a reference cycle: only the cyclic GC frees it
 
 
-def test_cycles_are_still_collected_without_an_explicit_collect() -> None:
+def test_young_cycles_are_collected_without_an_explicit_collect() -> None:
     with controller_tuning():
-        gc.collect()  # start from an empty young generation
-        first = _Node()
-        alive = weakref.ref(first)
-        del first
-        for _ in range(3 * GC_THRESHOLDS[0]):  # enough allocations for several young collections
-            _Node()
-        assert alive() is None
+        alive = weakref.ref(_Node())
+        wait_for(lambda: alive() is None, "the clock's young collection to free a cycle", timeout=30)
+
+
+def test_old_cycles_are_collected_when_a_weight_update_asks() -> None:
+    with controller_tuning():
+        node = _Node()
+        alive = weakref.ref(node)
+        wait_for(lambda: gc.is_tracked(node) and _in_old_generation(node), "the clock to promote the node")
+        del node
+        time.sleep(3 * YOUNG_GC_PERIOD_S)
+        assert alive() is not None  # young collections leave the old generation alone
+        collect_all_soon()
+        wait_for(lambda: alive() is None, "the full collection to free an old cycle", timeout=30)
+
+
+def _in_old_generation(obj: object) -> bool:
+    return any(o is obj for o in gc.get_objects(generation=2))
