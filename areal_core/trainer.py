@@ -2,8 +2,9 @@
 
 Each step: ``prepare_batch`` (rollouts keep flowing between steps, bounded by the staleness) ->
 advantages -> PPO minibatches on the FSDP2 workers (which take the proximal log-probs when the
-algorithm needs them, from the update's own forward when there is one minibatch) -> pause
-generation, ``weight_updater.update(v+1)``, bump the version, resume -> stats, evaluation,
+algorithm needs them, from the update's own forward when there is one minibatch) -> the updater's
+own part of the update while generation goes on (``stage``, where it can), pause generation,
+``weight_updater.update(v+1)``, bump the version, resume -> stats, evaluation,
 checkpoints and recover points on their schedules. ``time/*`` stats say where each step went;
 ``timeline.jsonl`` records each phase and the rollout concurrency (:mod:`areal_core.timeline`).
 """
@@ -376,18 +377,22 @@ class _Loop:
         self.timeline.add_span("rpc", step, min(t, end), end, parent="train")
 
     def _update_weights(self, version: int, step: int) -> float:
-        """Publish ``version`` with generation paused; an aborted update leaves every server on its
-        previous weights and version, and the run goes on (the next step publishes newer ones)."""
-        from areal_core.api.weights import WeightUpdateError
+        """Publish ``version`` with generation paused (an updater that can stage does its own part
+        first, while generation goes on); an aborted update leaves every server on its previous
+        weights and version, and the run goes on (the next step publishes newer ones)."""
+        from areal_core.api.weights import SupportsStaging, WeightUpdateError
 
-        rollout, timeline = self.rollout, self.timeline
+        rollout, timeline, updater = self.rollout, self.timeline, self.planes.updater
         with timeline.span("weight_update", step, version=version) as whole:
+            if isinstance(updater, SupportsStaging):
+                with timeline.span("weight_stage", step, parent="weight_update"):
+                    updater.stage(version)
             with timeline.span("pause", step, parent="weight_update"):
                 rollout.pause()
             collect_all_soon()  # the controller's own garbage, while generation waits anyway
             try:  # servers that joined get the weights too; one lost meanwhile is left out
                 with timeline.span("weight_load", step, parent="weight_update"):
-                    self.planes.fleet.update_weights(self.planes.updater.update, rollout.set_version, version)
+                    self.planes.fleet.update_weights(updater.update, rollout.set_version, version)
             except WeightUpdateError as exc:
                 self.aborted_updates += 1
                 logger.warning(

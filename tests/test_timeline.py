@@ -114,7 +114,7 @@ def test_a_real_run_records_its_timeline_and_areal_timeline_draws_it(uninterrupt
     spans = [r for r in rows if r["ev"] == "span"]
     names = {(s["name"], s["step"]) for s in spans}
     for step in range(1, 5):
-        for name in ("rollout_wait", "train", "minibatch", "rpc", "weight_update", "pause", "weight_load", "resume"):
+        for name in ("rollout_wait", "train", "minibatch", "rpc", "weight_update", "weight_stage", "pause", "weight_load", "resume"):
             assert (name, step) in names, (name, step)
     assert {s["step"] for s in spans if s["name"] == "eval"} == {2, 4}
     assert ("checkpoint", 4) in names

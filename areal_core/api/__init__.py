@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 
 #: Marks a plugin's hook implementations (the specs are in :mod:`areal_core.hookspecs`).
 hookimpl = pluggy.HookimplMarker("areal")
@@ -49,7 +49,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "TensorSource", "WeightChannel",
         "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "tensor_digest", "unflatten_bucket",
     ),
-    "weights": ("TrainerHandle", "WeightUpdateError", "WeightUpdater"),
+    "weights": ("SupportsStaging", "TrainerHandle", "WeightUpdateError", "WeightUpdater"),
     "wire": (
         "TOKEN_ENV", "GenerateBody", "GenerateResult", "Health", "LoadWeightsBody", "ReceiveWeightsBody",
         "VersionBody", "WeightGroupBody", "check_load_path", "from_json", "to_json",

@@ -4,7 +4,7 @@ handle an updater is given."""
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from areal_core.api.errors import ArealError
 
@@ -62,3 +62,14 @@ class WeightUpdater(abc.ABC):
 
     def close(self) -> None:
         """Tear down groups or temporary files."""
+
+
+@runtime_checkable
+class SupportsStaging(Protocol):
+    """A weight updater that can do the part of an update the servers take no part in before
+    generation pauses (``disk``: write and flush the files), so the pause covers only the rest."""
+
+    def stage(self, version: int) -> None:
+        """Prepare ``version`` while the servers go on generating; the next ``update(version)``
+        uses it. Another ``update`` first (a re-publish, a retry) prepares its version itself."""
+        ...

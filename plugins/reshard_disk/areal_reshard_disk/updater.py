@@ -1,8 +1,9 @@
 """The ``disk`` weight path: the trainer writes HF safetensors, every server loads them.
 
-``update(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
-servers refuse to load), fsyncs every file and directory, renames it to ``weights/v{v}``, asks
-each server to load it, then prunes older versions. A crash at any point leaves either no
+``stage(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
+servers refuse to load), fsyncs every file and directory and renames it to ``weights/v{v}``, while
+the servers go on generating on the weights they hold. ``update(v)`` asks each server to load it
+(staging it first when ``stage(v)`` did not), then prunes older versions. A crash at any point leaves either no
 ``v{v}`` or a complete one. A server that cannot load ``v{v}`` aborts the update: every server
 loads the last published version again and ``v{v}`` is removed (:class:`WeightUpdateError`).
 """
@@ -40,6 +41,7 @@ class DiskWeightUpdater(WeightUpdater):
         self._trainer: TrainerHandle | None = None
         self._engine: InferenceEngine | None = None
         self._published: tuple[Path, int] | None = None  # the last version every server loaded
+        self._staged: int | None = None  # the version whose files stage() wrote for the next update
 
     def connect(self, trainer: TrainerHandle, engine: InferenceEngine) -> None:
         self._trainer, self._engine = trainer, engine
@@ -50,12 +52,13 @@ class DiskWeightUpdater(WeightUpdater):
     def version_dir(self, version: int) -> Path:
         return self.weights_dir / f"v{version}"
 
-    def update(self, version: int) -> None:
-        if self._trainer is None or self._engine is None:
-            raise RuntimeError("DiskWeightUpdater.update() before connect(trainer, engine)")
+    def stage(self, version: int) -> None:
+        """Write ``version``'s files (servers load nothing yet): the trainer's part of the update."""
+        trainer, _ = self._require()
+        self._staged = None
         tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{version}-", dir=self.weights_dir))
         try:
-            self._trainer.save_hf(str(tmp))
+            trainer.save_hf(str(tmp))
             _fsync_tree(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -65,12 +68,25 @@ class DiskWeightUpdater(WeightUpdater):
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.weights_dir)
+        self._staged = version
+
+    def update(self, version: int) -> None:
+        _, engine = self._require()
+        if self._staged != version:
+            self.stage(version)
+        self._staged = None  # a retry of this update writes the files again
+        final = self.version_dir(version)
         try:
-            self._engine.load_weights_from_disk(str(final), version)
+            engine.load_weights_from_disk(str(final), version)
         except ArealError as exc:
             self._abort(final, version, exc)
         self._published = (final, version)
         self._prune(keep=final)
+
+    def _require(self) -> tuple[TrainerHandle, InferenceEngine]:
+        if self._trainer is None or self._engine is None:
+            raise RuntimeError("DiskWeightUpdater used before connect(trainer, engine)")
+        return self._trainer, self._engine
 
     def _abort(self, final: Path, version: int, error: ArealError) -> NoReturn:
         """A server could not load ``version``: every server loads the last published version

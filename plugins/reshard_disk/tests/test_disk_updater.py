@@ -22,7 +22,7 @@ from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.api.weights import WeightUpdateError
+from areal_core.api.weights import SupportsStaging, WeightUpdateError
 
 PROMPT = [3, 4, 5, 6]
 N_TOKENS = 24
@@ -131,6 +131,42 @@ def test_update_makes_every_server_serve_the_trainers_weights(setup: tuple[Confi
     updater.update(2)
     assert sorted(p.name for p in updater.weights_dir.iterdir()) == ["v2"]  # v1 pruned, no temp dirs
     assert [r.output_ids for r in greedy_on_every_server(engine)] == [trainer.greedy(PROMPT, N_TOKENS)] * 2
+
+
+class CountingTrainer(InProcessHFTrainer):
+    """Counts its saves."""
+
+    saves = 0
+
+    def save_hf(self, path: str) -> None:
+        self.saves += 1
+        super().save_hf(path)
+
+
+@pytest.mark.slow
+def test_staging_writes_the_version_while_the_servers_serve_the_old_one_and_the_update_only_loads_it(
+    setup: tuple[Config, HFEngine, Path],
+) -> None:
+    config, engine, model_dir = setup
+    trainer = CountingTrainer(model_dir)
+    updater = updater_for(config)
+    assert isinstance(updater, SupportsStaging)
+    updater.connect(trainer, engine)
+    updater.update(6)
+    served = [r.output_ids for r in greedy_on_every_server(engine)]
+
+    trainer.train_step(seed=6, scale=0.1)
+    updater.stage(7)
+    assert trainer.saves == 2 and updater.version_dir(7).is_dir()
+    assert [h.version for h in engine.server_health()] == [6, 6]
+    assert [r.output_ids for r in greedy_on_every_server(engine)] == served  # generation goes on, unchanged
+    updater.update(7)
+    assert trainer.saves == 2  # the staged files, not written again
+    assert [r.output_ids for r in greedy_on_every_server(engine)] == [trainer.greedy(PROMPT, N_TOKENS)] * 2
+    assert sorted(p.name for p in updater.weights_dir.iterdir()) == ["v7"]
+
+    updater.update(7)  # a re-publish (a server joining) writes the files again
+    assert trainer.saves == 3
 
 
 @pytest.mark.slow
