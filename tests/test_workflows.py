@@ -15,7 +15,7 @@ from areal_core.builtin.rewards.synthetic import exact_match
 from areal_core.rollout.multi_turn import FEEDBACK, MultiTurnWorkflow
 from areal_core.rollout.reward_runner import RewardRunner
 from areal_core.rollout.rlvr import RLVRWorkflow
-from areal_core.api.workflow import decode_ids, encode_chat
+from areal_core.api.workflow import decode_ids, encode_chat, stop_at_strings
 from areal_core.tiny_model import build_char_tokenizer
 
 DATA = {"id": "arith-3+4", "prompt": "3+4=", "answer": "7"}
@@ -81,6 +81,28 @@ def test_rlvr_cuts_at_stop_strings(tokenizer, runner):
     (traj,) = asyncio.run(RLVRWorkflow(tokenizer, gconfig, runner)(ScriptedEngine(script=script), DATA))
     assert traj.info["completion"] == "7\n" and traj.info["stop_reason"] == "stop"
     assert traj.n_output_tokens == 2 and traj.reward == 1.0
+
+
+@given(
+    ids=st.lists(st.integers(2, 31), max_size=60),  # the character tokens (0 and 1 are special)
+    stop=st.lists(st.text(alphabet="0123456789+=\n ", min_size=1, max_size=3), max_size=3),
+)
+def test_stop_at_strings_keeps_up_to_the_first_token_completing_a_stop_string(tokenizer, ids, stop):
+    first = next((n for n in range(1, len(ids) + 1) if any(s in decode_ids(tokenizer, ids[:n]) for s in stop)), len(ids))
+    assert stop_at_strings(tokenizer, ids, stop) == first
+
+
+def test_stop_at_strings_decodes_a_long_completion_a_logarithmic_number_of_times(tokenizer):
+    class Counting:
+        calls = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            self.calls += 1
+            return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    counting, ids = Counting(), _ids(tokenizer, "1" * 1023 + "\n")
+    assert stop_at_strings(counting, ids, ["\n"]) == 1024
+    assert counting.calls <= 12  # the whole text, then 10 halvings of 1,024 tokens
 
 
 def test_multi_turn_retries_after_feedback(tokenizer, runner):

@@ -79,18 +79,24 @@ def stop_at_strings(tokenizer: Any, output_ids: list[int], stop: list[str]) -> i
     """How many output tokens to keep: up to and including the first token completing a stop string.
 
     The engine stops on token ids only, so stop strings are applied after generation; the kept
-    prefix is still a valid sample of the policy.
+    prefix is still a valid sample of the policy. A longer prefix's text extends a shorter one's,
+    so the first such token is found by bisection: O(log n) decodes, not one per token.
     """
-    if not stop:
+
+    def holds_stop(n: int) -> bool:
+        text = decode_ids(tokenizer, output_ids[:n])
+        return any(s in text for s in stop)
+
+    if not stop or not holds_stop(len(output_ids)):
         return len(output_ids)
-    text = decode_ids(tokenizer, output_ids)
-    if not any(s in text for s in stop):
-        return len(output_ids)
-    for n in range(1, len(output_ids) + 1):
-        partial = decode_ids(tokenizer, output_ids[:n])
-        if any(s in partial for s in stop):
-            return n
-    return len(output_ids)
+    shortest, longest = 1, len(output_ids)  # the first ``longest`` tokens hold a stop string
+    while shortest < longest:
+        middle = (shortest + longest) // 2
+        if holds_stop(middle):
+            longest = middle
+        else:
+            shortest = middle + 1
+    return longest
 
 
 def request_seed(*parts: object) -> int:
