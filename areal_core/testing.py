@@ -141,20 +141,21 @@ def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 PAUSE_SETTLE_S = 1.0
 
 
-def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 3) -> Any:
-    """``submit()`` a request and ``engine.pause()`` while it is decoding; returns its pending future.
+def pause_while_running(engine: Any, submit: Any, started: Any, attempts: int = 3, *, keep: bool = False) -> Any:
+    """``submit()`` a request and ``engine.pause()`` (``keep``: ``engine.pause_keeping()``) while it
+    is decoding; returns its pending future.
 
     ``started()`` tells when the server is decoding it. On a loaded box a request can finish
     before the pause lands; then the engine is resumed and the request submitted again. A request
-    the pause cut short is held by the client until ``resume()``; one the server finished first
-    may still have its reply on the way, so it is given ``PAUSE_SETTLE_S`` to arrive.
+    the pause cut short (or holds) waits for ``resume()``; one the server finished first may still
+    have its reply on the way, so it is given ``PAUSE_SETTLE_S`` to arrive.
     """
     import concurrent.futures
 
     for _ in range(attempts):
         future = submit()
         wait_for(lambda: started() or future.done(), "the request to start decoding")
-        engine.pause()
+        engine.pause_keeping() if keep else engine.pause()
         if not concurrent.futures.wait([future], timeout=PAUSE_SETTLE_S).done:  # held while paused
             return future
         engine.resume()

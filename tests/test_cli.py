@@ -51,6 +51,17 @@ def test_a_keep_pause_needs_an_engine_that_holds_requests():
     assert _areal("config", "rollout.pause_mode=keep").returncode == 0  # hf holds them
 
 
+def test_vllm_holds_requests_through_an_update_but_not_on_a_lora_adapter():
+    pytest.importorskip("areal_engine_vllm", reason="needs plugins/engine_vllm installed")
+    keep = ("rollout.engine=vllm", "rollout.pause_mode=keep")
+    assert _areal("config", *keep).returncode == 0
+    result = _areal("config", *keep, "actor.lora.rank=4")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "areal: error: rollout.pause_mode: keep: vLLM holds each request on the LoRA adapter it started with, "
+        "which an update replaces; set rollout.pause_mode=abort with actor.lora"
+    )
+
+
 def test_config_prints_resolved_yaml_that_loads_back(tmp_path):
     result = _areal("config", "actor.world_size=2", "seed=5")
     assert result.returncode == 0, result.stderr

@@ -1,11 +1,14 @@
 """VLLMEngine: the ``vllm`` inference engine, a client of real vLLM OpenAI servers.
 
-Generation uses vLLM's own ``/v1/completions`` (token ids in; token ids and the sampled tokens'
-log-probs out). Control calls use the ``/areal/*`` routes the plugin adds (see
+Generation uses vLLM's own token-in/token-out ``/inference/v1/generate`` (token ids in; token ids,
+the sampled tokens' log-probs and the weight version that sampled each token, as the engine core
+labels it, out). Control calls use the ``/areal/*`` routes the plugin adds (see
 :mod:`areal_engine_vllm.routes`). Threading and pausing are those of the ``hf`` engine: the
 shared :class:`~areal_core.api.http_engine.PauseGate` holds generation between ``pause()`` and
 ``resume()``, and an aborted request is re-submitted as prompt + partial output with the
-remaining budget, so one response may carry tokens of two weight versions.
+remaining budget, so one response may carry tokens of two weight versions. ``pause_keeping()``
+(``rollout.pause_mode: keep``) is vLLM's own ``pause_generation(mode="keep")``: running requests
+are frozen with their KV cache and decode on after ``resume()``, in the same call.
 
 With ``actor.lora`` a disk update is a LoRA adapter, loaded through vLLM's own
 ``/v1/load_lora_adapter`` under a name per version; requests name the current version's
@@ -26,9 +29,9 @@ from areal_core.api.errors import ArealError
 from areal_core.api.scheduler import ProcessSpec
 from areal_engine_vllm.launch import server_command, server_env
 from areal_engine_vllm.protocol import (
+    INITIAL_WEIGHT_LABEL,
     SERVED_NAME,
     TOKEN_ENV,
-    VERSION_HEADER,
     DiskUpdateBody,
     ServerState,
     VersionBody,
@@ -55,6 +58,7 @@ class VLLMEngine(HTTPServerEngine):
     server_label = _LABEL
     token_env = TOKEN_ENV
     pause_route = "/areal/pause"
+    hold_route = "/areal/hold"
     resume_route = "/areal/resume"
     commit_route = "/areal/commit_weights"
     rollback_route = "/areal/rollback_weights"
@@ -95,22 +99,27 @@ class VLLMEngine(HTTPServerEngine):
     async def _generate_segment(
         self, session: Any, address: str, *, request: GenerationRequest, generated: list[int], attempt: int
     ) -> Segment:
-        body = _completion_body(self.served_name, request.input_ids + generated, request.sampling, len(generated))
-        async with session.post(f"http://{address}/v1/completions", json=body) as resp:
+        body = _generate_body(self.served_name, request.input_ids + generated, request.sampling, len(generated))
+        async with session.post(f"http://{address}/inference/v1/generate", json=body) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
-                raise ArealError(f"{_LABEL} {address} /v1/completions failed ({resp.status}): {data}")
-            version = int(resp.headers.get(VERSION_HEADER, "0"))  # weights change only while paused
+                raise ArealError(f"{_LABEL} {address} /inference/v1/generate failed ({resp.status}): {data}")
         choice = data["choices"][0]
-        ids = [int(token.removeprefix("token_id:")) for token in choice["logprobs"]["tokens"]]
+        ids = [int(i) for i in choice["token_ids"]]
         return Segment(
             output_ids=ids,
-            logprobs=[float(lp) for lp in choice["logprobs"]["token_logprobs"]],
-            versions=[version] * len(ids),
+            logprobs=[float(entry["logprob"]) for entry in (choice["logprobs"] or {}).get("content") or []],
+            versions=_token_versions(choice.get("weight_versions"), len(ids), address),
             stop_reason=choice.get("finish_reason") or "abort",
         )
 
     # ---------------------------------------------------------------- control (main thread)
+    def pause_keeping(self) -> None:
+        """``/areal/hold``: every server freezes its running requests, KV cache kept; after
+        ``resume`` they decode on the weights loaded meanwhile (``rollout.pause_mode: keep``)."""
+        self._gate.close()
+        self._broadcast(self.hold_route, {})
+
     def load_weights_from_disk(self, path: str, version: int) -> None:
         if self.config.actor.lora is not None:
             self._load_adapter(path, version)
@@ -154,19 +163,30 @@ class VLLMEngine(HTTPServerEngine):
         return [reply["digest"] for reply in self._broadcast("/areal/weights_digest", {})]
 
 
-def _completion_body(model: str, prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
-    """A ``/v1/completions`` request to ``model`` continuing after ``generated`` tokens of ``params``' budget."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
+def _generate_body(model: str, prompt: list[int], params: SamplingParams, generated: int) -> dict[str, Any]:
+    """An ``/inference/v1/generate`` request to ``model`` continuing after ``generated`` tokens of
+    ``params``' budget."""
+    sampling: dict[str, Any] = {
         "max_tokens": params.max_new_tokens - generated,
         "temperature": 0.0 if params.greedy else params.temperature,
         "top_p": 1.0 if params.greedy else params.top_p,
         "logprobs": 0,  # the sampled token's log-prob only
-        "return_tokens_as_token_ids": True,
         "stop_token_ids": list(params.stop_token_ids),
         "skip_special_tokens": False,
+        "detokenize": False,
     }
     if params.seed is not None:
-        body["seed"] = (params.seed * _SEED_STRIDE + generated) % (1 << 63)
-    return body
+        sampling["seed"] = (params.seed * _SEED_STRIDE + generated) % (1 << 63)
+    return {"model": model, "token_ids": prompt, "sampling_params": sampling, "output_mode": "tokens"}
+
+
+def _token_versions(spans: list[dict[str, Any]] | None, n_tokens: int, address: str) -> list[int]:
+    """The weight version of each output token, from vLLM's spans (``{"version", "start", "end"}``:
+    tokens ``[start, end)`` were sampled by the weights labelled ``version``)."""
+    versions: list[int] = []
+    for span in spans or []:
+        label = span["version"]
+        versions += [0 if label == INITIAL_WEIGHT_LABEL else int(label)] * (span["end"] - span["start"])
+    if len(versions) != n_tokens:
+        raise ArealError(f"{_LABEL} {address} labelled {len(versions)} of {n_tokens} tokens with a weight version: {spans}")
+    return versions

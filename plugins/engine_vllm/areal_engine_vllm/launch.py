@@ -56,6 +56,7 @@ def server_command(config: Config, port: int | str, seed: int, transfer_backend:
         "logprobs-mode": "processed_logprobs",
         "weight-transfer-config": {"backend": transfer_backend},
         "worker-extension-cls": WORKER_EXTENSION,
+        "enable-scale-out": True,  # vLLM's token-in/token-out /inference/v1/generate, per-token weight versions
         "disable-uvicorn-access-log": True,
     }
     if config.actor.lora is not None:

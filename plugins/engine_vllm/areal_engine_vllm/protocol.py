@@ -24,8 +24,8 @@ FAIL_COMMIT_ENV = "AREAL_VLLM_FAIL_COMMIT"
 VLLM_PLUGIN_NAME = "areal"
 #: ``--worker-extension-cls`` that adds the disk reload (with the tied-embedding refresh) to workers.
 WORKER_EXTENSION = "areal_engine_vllm.worker_ext.ArealWorkerExtension"
-#: Response header of ``/v1/completions``: the weight version when the request arrived.
-VERSION_HEADER = "X-Areal-Weight-Version"
+#: vLLM's label of the weights a server started with (before any ``/areal/set_version``): version 0.
+INITIAL_WEIGHT_LABEL = "default"
 #: The model name the servers answer to (``--served-model-name``).
 SERVED_NAME = "areal"
 #: The weight-transfer backend per platform ``device_type``: ours on CPU (``areal_gloo``, registered

@@ -6,6 +6,7 @@ names ``areal``; without ``AREAL_VLLM_TOKEN`` it adds nothing.
 | route | vLLM call |
 | --- | --- |
 | POST /areal/pause | ``pause_generation(mode="abort")``: in-flight requests end with finish_reason "abort" |
+| POST /areal/hold | ``pause_generation(mode="keep", clear_cache=False)``: in-flight requests freeze, KV cache kept, until resumed |
 | POST /areal/resume | ``resume_generation()`` |
 | POST /areal/update_weights_from_disk | ``collective_rpc("areal_reload_from_dir")`` (worker extension) |
 | POST /areal/init_weight_transfer_engine | ``init_weight_transfer_engine`` (body ``{"init_info": {...}}``), after ending an update a dead trainer abandoned |
@@ -25,9 +26,9 @@ change at ``/areal/commit_weights``, which the controller calls on every server 
 
 The five weight-transfer routes are vLLM's own RL routes (same names and bodies) behind the
 token: vLLM serves those only with ``VLLM_SERVER_DEV_MODE=1``, unauthenticated and next to
-``/collective_rpc``. ``/v1/completions`` replies carry ``X-Areal-Weight-Version``: the version when
-the request arrived. Weights change only while paused (which aborts every running request), so
-that is the version of every token in the reply.
+``/collective_rpc``. ``/areal/set_version`` (and every route that loads weights) sets vLLM's own
+weight-version label (``update_weight_version``), which the engine core stamps on every step's
+output: ``/inference/v1/generate`` replies say which label sampled which tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from areal_engine_vllm.protocol import (
     ALLOWED_ROOT_ENV,
     FAIL_COMMIT_ENV,
     TOKEN_ENV,
-    VERSION_HEADER,
     VLLM_PLUGIN_NAME,
     DiskUpdateBody,
     ServerState,
@@ -95,6 +95,7 @@ class ArealRoutes:
         _tolerate_structured_decisions_failure()
         routes: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
             "/areal/pause": self.pause,
+            "/areal/hold": self.hold,
             "/areal/resume": self.resume,
             "/areal/update_weights_from_disk": self.update_from_disk,
             "/areal/init_weight_transfer_engine": self.init_weight_transfer_engine,
@@ -110,14 +111,6 @@ class ArealRoutes:
         for path, handler in routes.items():
             app.add_api_route(path, self._guarded(handler), methods=["POST"])
         app.add_api_route("/areal/state", self._guarded(self.state), methods=["GET"])
-
-        @app.middleware("http")
-        async def tag_version(request: Request, call_next: Any) -> Any:
-            version = self.weights.version if self.weights else 0
-            response = await call_next(request)
-            if request.url.path == "/v1/completions":
-                response.headers[VERSION_HEADER] = str(version)
-            return response
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         if engine_client is not None:
@@ -149,6 +142,10 @@ class ArealRoutes:
 
     async def pause(self, request: Request) -> dict[str, Any]:
         await self._weights().engine.pause_generation(mode="abort", clear_cache=True)
+        return {"paused": True}
+
+    async def hold(self, request: Request) -> dict[str, Any]:
+        await self._weights().engine.pause_generation(mode="keep", clear_cache=False)
         return {"paused": True}
 
     async def resume(self, request: Request) -> dict[str, Any]:
