@@ -94,7 +94,7 @@ class RolloutConfig:
     max_head_offpolicyness: int = attrs.field(default=2, validator=_ge(0))
     # What a weight update does to requests in flight: "abort" them (they are re-sent, prompt + partial
     # output, to the new weights) or "keep" them (held, then decoded on the new weights over their KV
-    # cache; engines with areal_core.api.SupportsKeepPause: hf, vllm)
+    # cache; engines with areal_core.api.SupportsKeepPause: hf, vllm, sglang)
     pause_mode: Literal["abort", "keep"] = "abort"
     request_timeout: float = attrs.field(default=300.0, validator=_gt(0))
     server_startup_timeout: float = attrs.field(default=300.0, validator=_gt(0))

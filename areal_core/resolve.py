@@ -61,6 +61,12 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
             f"keep: engine {config.rollout.engine!r} cannot hold requests through a weight update "
             "(no areal_core.api.SupportsKeepPause); set rollout.pause_mode=abort or rollout.engine=hf",
         )
+    if config.rollout.pause_mode == "keep" and config.actor.lora is not None and engine.adapters_by_name:
+        raise ConfigError(
+            "rollout.pause_mode",
+            f"keep: engine {config.rollout.engine!r} holds each request on the LoRA adapter it started with, "
+            "which an update replaces; set rollout.pause_mode=abort with actor.lora",
+        )
     try:
         algorithm = plugins.get("algorithm", config.actor.algorithm)
     except PluginError as exc:

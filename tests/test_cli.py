@@ -40,26 +40,39 @@ def test_bad_input_is_one_line_exit_2(args, message):
     assert message in lines[0]
 
 
-def test_a_keep_pause_needs_an_engine_that_holds_requests():
-    pytest.importorskip("areal_engine_sglang", reason="needs plugins/engine_sglang installed")
-    result = _areal("config", "rollout.engine=sglang", "rollout.pause_mode=keep")
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == (
-        "areal: error: rollout.pause_mode: keep: engine 'sglang' cannot hold requests through a weight update "
+def test_a_keep_pause_needs_an_engine_that_holds_requests(areal_plugins):
+    from areal_core.api.engine import InferenceEngine
+    from areal_core.api.errors import ConfigError
+    from areal_core.config import load_config
+    from areal_core.resolve import resolve_config
+
+    class HoldlessEngine(InferenceEngine):  # no pause_keeping: requests can only be aborted
+        name = "holdless"
+
+    areal_plugins.add_hooks(
+        "holdless", areal_register_inference_engines=lambda register: register("holdless", HoldlessEngine)
+    )
+    config = load_config(None, ["rollout.engine=holdless", "rollout.pause_mode=keep"])
+    with pytest.raises(ConfigError) as info:
+        resolve_config(config, areal_plugins.load(autoload=True))
+    assert str(info.value) == (
+        "rollout.pause_mode: keep: engine 'holdless' cannot hold requests through a weight update "
         "(no areal_core.api.SupportsKeepPause); set rollout.pause_mode=abort or rollout.engine=hf"
     )
     assert _areal("config", "rollout.pause_mode=keep").returncode == 0  # hf holds them
 
 
-def test_vllm_holds_requests_through_an_update_but_not_on_a_lora_adapter():
-    pytest.importorskip("areal_engine_vllm", reason="needs plugins/engine_vllm installed")
-    keep = ("rollout.engine=vllm", "rollout.pause_mode=keep")
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_and_sglang_hold_requests_through_an_update_but_not_on_a_lora_adapter(engine):
+    pytest.importorskip(f"areal_engine_{engine}", reason=f"needs plugins/engine_{engine} installed")
+    keep = (f"rollout.engine={engine}", "rollout.pause_mode=keep")
     assert _areal("config", *keep).returncode == 0
     result = _areal("config", *keep, "actor.lora.rank=4")
     assert result.returncode == 2 and result.stderr.strip() == (
-        "areal: error: rollout.pause_mode: keep: vLLM holds each request on the LoRA adapter it started with, "
-        "which an update replaces; set rollout.pause_mode=abort with actor.lora"
+        f"areal: error: rollout.pause_mode: keep: engine {engine!r} holds each request on the LoRA adapter it "
+        "started with, which an update replaces; set rollout.pause_mode=abort with actor.lora"
     )
+    assert _areal("config", "rollout.pause_mode=keep", "actor.lora.rank=4").returncode == 0  # hf: in place
 
 
 def test_config_prints_resolved_yaml_that_loads_back(tmp_path):

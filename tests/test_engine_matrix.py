@@ -38,6 +38,7 @@ from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
     LoopThread,
+    assert_greedy_on_kept_cache,
     assert_greedy_under,
     generate_all,
     greedy_request,
@@ -284,27 +285,59 @@ def test_xccl_update_then_greedy_equals_transformers_with_the_new_weights(restor
     assert [r.output_ids for r in responses] != before
 
 
-def test_pause_mid_generation_update_resume_gives_one_response_over_two_versions(restore: Served) -> None:
+@pytest.mark.parametrize("pause_mode, weight_update", [("abort", "disk"), ("keep", "disk"), ("keep", "xccl")])
+def test_pause_mid_generation_update_resume_gives_one_response_over_two_versions(
+    restore: Served, pause_mode: str, weight_update: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A weight update while a request decodes, with ``rollout.pause_mode``:
+
+    - ``abort``: the request ends at the pause and is sent again (prompt + partial output) after
+      the update; the tokens after the switch follow the new weights over a fresh prefill;
+    - ``keep``, through each engine's own hold (hf's, vLLM's ``pause_generation(mode="keep")``,
+      SGLang's ``in_place``, where a cache flush under held requests fails the update): the request
+      stays on the server and decodes on after ``resume`` in the same call, the tokens after the
+      switch following the new weights over the KV cache the old ones computed.
+    """
     engine, n = restore.engine, 400
-    trainer = InProcessTrainer(restore.base_dir, seed=3, device=torch.device("cpu"))
-    updater = load_plugins().get("weight_updater", "disk")(restore.config, restore.platform)
+    config = attrs.evolve(restore.config, rollout=attrs.evolve(restore.config.rollout, pause_mode=pause_mode))
+    monkeypatch.setattr(engine, "config", config)  # as in a run with this rollout.pause_mode
+    platform, device = _xccl_platform(restore) if weight_update == "xccl" else (restore.platform, torch.device("cpu"))
+    trainer = InProcessTrainer(restore.base_dir, seed=3, device=device)
+    updater = load_plugins().get("weight_updater", weight_update)(config, platform)
     updater.connect(trainer, engine)
+    segment_calls: list[int] = []
+    real = engine._generate_segments
+
+    async def counted(session: Any, address: str, *, calls: list[Any]) -> Any:
+        segment_calls.append(len(calls))
+        return await real(session, address, calls=calls)
+
+    monkeypatch.setattr(engine, "_generate_segments", counted)
     loop = LoopThread()
     try:
         future = pause_while_running(
             engine,
             lambda: loop.submit(engine.agenerate(greedy_request(PROMPTS[0], n))),
             lambda: restore.running() >= 1,
+            attempts=5,  # 400 tokens on a loaded CPU: a request can end before the pause lands
+            keep=pause_mode == "keep",
         )
-        updater.update(1)  # what the trainer does between pause() and resume()
+        held_calls = len(segment_calls)  # the held request's, and attempts that finished before the pause
+        updater.update(1)  # what the trainer does between the pause and resume()
         engine.set_version(1)
         engine.resume()
         resp = future.result(timeout=240)
     finally:
         loop.close()
+        updater.close()
     switch = resp.versions.index(1)
     assert 0 < switch < n and resp.versions == [0] * switch + [1] * (n - switch)
     assert resp.stop_reason == "length" and len(resp.output_ids) == len(resp.logprobs) == n
     tol = 1e-2 if REAL_SGLANG else 1e-3
     assert_greedy_under(restore.model, PROMPTS[0], resp.output_ids[:switch], tol=tol)
-    assert_greedy_under(trainer.model, PROMPTS[0] + resp.output_ids[:switch], resp.output_ids[switch:], tol=tol)
+    if pause_mode == "keep":
+        assert len(segment_calls) == held_calls  # nothing was aborted or sent again
+        assert_greedy_on_kept_cache(restore.model, trainer.model, PROMPTS[0], resp.output_ids, switch, tol=tol)
+    else:
+        assert len(segment_calls) == held_calls + 1  # the rest, sent again after the update
+        assert_greedy_under(trainer.model, PROMPTS[0] + resp.output_ids[:switch], resp.output_ids[switch:], tol=tol)

@@ -63,6 +63,11 @@ class InferenceEngine(abc.ABC):
     #: (``actor.lora`` with ``actor.weight_update: xccl``); for engines without it, such a config
     #: resolves to ``actor.weight_update: disk`` (they load adapters from disk).
     channel_takes_adapter: ClassVar[bool] = False
+    #: Whether the servers serve each LoRA version as an adapter of its own that requests name
+    #: (vLLM, SGLang) instead of loading it into the served model in place (hf). A request held
+    #: through an update would decode on the adapter it started with, so ``rollout.pause_mode: keep``
+    #: with ``actor.lora`` is refused for such engines.
+    adapters_by_name: ClassVar[bool] = False
 
     def __init__(self, config: Config, platform: Platform) -> None:
         self.config = config

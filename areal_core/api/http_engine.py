@@ -588,6 +588,7 @@ class HTTPServerEngine(InferenceEngine):
             timeout_s=self.config.actor.weight_update_timeout_s,
             ranks_per_server=self.config.rollout.devices_per_server,
             loads_on_arrival=loads_on_arrival,
+            holds_requests=self.config.rollout.pause_mode == "keep",
         )
 
     def commit_staged(self, version: int) -> None:

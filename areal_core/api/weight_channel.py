@@ -49,6 +49,9 @@ class ChannelSpec:
     #: loaded, the updater sends the same version again at once on a fresh channel, and if that
     #: fails too, every server of the channel leaves the fleet as lost (and is replaced).
     loads_on_arrival: bool = False
+    #: Whether generation holds requests through updates (``rollout.pause_mode: keep``): their KV
+    #: cache must stay, so servers that flush caches after loading weights must not.
+    holds_requests: bool = False
 
     @property
     def world_size(self) -> int:

@@ -125,7 +125,8 @@ class SGLangWeightChannel(FlatBucketChannel):
 
     def _receive(self, bucket: Bucket, version: int) -> None:
         body = DistributedUpdateBody(
-            names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.spec.group_name
+            names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.spec.group_name,
+            flush_cache=not self.spec.holds_requests,  # SGLang refuses to flush under held requests
         )
         self._post("/update_weights_from_distributed", [to_json(body)] * len(self.spec.servers))
 

@@ -5,6 +5,10 @@ Generation is ``/generate`` with token ids and ``return_logprob``. ``pause()`` c
 ends every running and queued request with its partial output and holds new ones until
 ``/continue_generation``. ``agenerate`` then waits for ``resume()`` and re-submits prompt + partial
 output with the rest of the budget, so one response may carry tokens of two weight versions.
+``pause_keeping()`` (``rollout.pause_mode: keep``) is mode ``in_place``: SGLang holds running requests
+with their KV cache, and they decode on after ``/continue_generation`` in the same call. SGLang refuses
+to flush its cache under held requests, so updates meanwhile leave it (``flush_cache`` false): a
+new request may then reuse a prefix the old weights computed, as the held requests do.
 
 With ``actor.lora`` a disk update is a LoRA adapter: ``/load_lora_adapter`` under a name per
 version, requests name it (``lora_path``), the previous one is unloaded (``/unload_lora_adapter``).
@@ -70,10 +74,12 @@ class SGLangEngine(HTTPServerEngine):
     token_env = TOKEN_ENV
     pause_route = "/pause_generation"
     resume_route = "/continue_generation"
+    adapters_by_name = True  # /load_lora_adapter under a name per version
 
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)
         self.adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
+        self._holding = False  # a keep pause is in force: the servers hold requests on their KV cache
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -131,13 +137,23 @@ class SGLangEngine(HTTPServerEngine):
         self._gate.close()
         self._broadcast(self.pause_route, to_json(PauseBody(mode="abort")))
 
+    def pause_keeping(self) -> None:
+        """``/pause_generation`` mode ``in_place``: running requests stay on every server with their
+        KV cache and decode on after ``resume`` (``rollout.pause_mode: keep``)."""
+        self._gate.close()
+        self._holding = True
+        self._broadcast(self.pause_route, to_json(PauseBody(mode="in_place")))
+
+    def resume(self) -> None:
+        super().resume()
+        self._holding = False
+
     def load_weights_from_disk(self, path: str, version: int) -> None:
         if self.config.actor.lora is not None:
             self._load_adapter(path, version)
             return
-        self._broadcast(
-            "/update_weights_from_disk", to_json(DiskUpdateBody(model_path=str(path), weight_version=str(version)))
-        )
+        body = DiskUpdateBody(model_path=str(path), weight_version=str(version), flush_cache=not self._holding)
+        self._broadcast("/update_weights_from_disk", to_json(body))
 
     def _load_adapter(self, path: str, version: int) -> None:
         """Load the adapter at ``path`` as ``version`` (every member), then unload the previous one

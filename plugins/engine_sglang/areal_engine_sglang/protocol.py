@@ -52,7 +52,8 @@ class GenerateBody:
 
 @attrs.frozen(kw_only=True)
 class PauseBody:
-    """``POST /pause_generation``: ``abort`` ends every running and queued request with its partial output."""
+    """``POST /pause_generation``: ``abort`` ends every running and queued request with its partial
+    output; ``in_place`` holds them where they are, KV cache kept, until ``/continue_generation``."""
 
     mode: str = "abort"
 

@@ -20,8 +20,8 @@ log-probs, abort); disk reloads use its receiver helpers. The weight group is SG
 handshake and ``flattened_bucket`` split (:mod:`sglang_weight_group`: SGLang's code where
 ``sglang`` imports, else a FAKE of it), never ours, so a trainer that joins differently fails. Where it
 differs from SGLang: one prompt per ``/generate`` (no batches, no streaming, no top-k other than
-greedy), ``/pause_generation`` mode ``abort`` only, no radix cache (``/flush_cache`` only checks
-that nothing runs), out-of-vocabulary ``input_ids`` are a 400, and FastAPI's validation texts are
+greedy), ``/pause_generation`` modes ``abort`` and ``in_place`` (not ``retract``), no radix cache
+(``/flush_cache`` only checks that nothing runs or waits, held requests included), out-of-vocabulary ``input_ids`` are a 400, and FastAPI's validation texts are
 shortened to the offending field. LoRA adapters are peft's (loaded by name, one applied at a time:
 a request naming another adapter than the running requests' is a 400; SGLang batches adapters).
 
@@ -394,12 +394,15 @@ class FakeSGLangServer:
             raise _validation_error(
                 "[{'type': 'literal_error', 'loc': ('body', 'mode'), 'msg': \"Input should be 'abort', 'retract' or 'in_place'\"}]"
             )
-        if fields["mode"] != "abort":
-            raise _value_error("FakeSGLangServer implements pause mode 'abort' only")
+        if fields["mode"] == "retract":
+            raise _value_error("FakeSGLangServer implements pause modes 'abort' and 'in_place' only")
         async with self._cond:
             self.paused = True
-        await self._abort_all()
-        log.info("paused (abort)")
+        if fields["mode"] == "abort":
+            await self._abort_all()
+        else:  # in_place: the running batch stays, KV cache and all, and decodes on after continue
+            await self.gen.pause(keep=True)
+        log.info("paused (%s)", fields["mode"])
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
@@ -407,6 +410,7 @@ class FakeSGLangServer:
         async with self._cond:
             self.paused = False
             self._cond.notify_all()
+        self.gen.resume()  # held by an in_place pause (a no-op after an abort)
         log.info("continued")
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 

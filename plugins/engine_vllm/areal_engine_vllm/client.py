@@ -62,6 +62,7 @@ class VLLMEngine(HTTPServerEngine):
     resume_route = "/areal/resume"
     commit_route = "/areal/commit_weights"
     rollback_route = "/areal/rollback_weights"
+    adapters_by_name = True  # /v1/load_lora_adapter under a name per version
 
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)

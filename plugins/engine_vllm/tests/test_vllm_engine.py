@@ -31,16 +31,11 @@ from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import free_port  # noqa: E402
 from areal_core.scheduler.local import LocalScheduler  # noqa: E402
 from areal_core.testing import (  # noqa: E402
-    LoopThread,
-    assert_greedy_on_kept_cache,
-    assert_greedy_under,
     generate_all,
     greedy_request,
     hf_greedy,
     perturbed_model,
-    pause_while_running,
     save_tokenizer_without_eos,
-    vllm_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model  # noqa: E402
 from areal_core.api.weight_channel import WeightChannel, open_channel, plan_buckets  # noqa: E402
@@ -249,49 +244,6 @@ def test_routes_and_completions_need_the_token(servers: dict[str, Served]) -> No
                 urllib.request.urlopen(request, timeout=30)
             assert info.value.code == 401
     assert engine.health() == [True] and [s.version for s in engine.server_states()] == [0]
-
-
-def test_a_keep_pause_holds_a_request_through_an_update_on_its_kv_cache(
-    servers: dict[str, Served], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``pause_keeping`` (vLLM's ``pause_generation(mode="keep")``, ``rollout.pause_mode: keep``)
-    freezes the running request; new weights load and, after ``resume``, it decodes on in the same
-    call: vLLM labels its tokens before the switch version 0 and those after it version 1, which
-    follow the new weights over the KV cache the old ones computed."""
-    served, n = servers["untied"], 400
-    engine = served.engine
-    new_model = perturbed_model(served.v0_dir, seed=5, scale=0.2, tied=served.tied)
-    new_dir = served.run_dir / "weights" / "keep-v1"
-    new_model.save_pretrained(new_dir)
-    segment_calls: list[int] = []
-    real = engine._generate_segments
-
-    async def counted(session: Any, address: str, *, calls: list[Any]) -> Any:
-        segment_calls.append(len(calls))
-        return await real(session, address, calls=calls)
-
-    monkeypatch.setattr(engine, "_generate_segments", counted)
-    loop = LoopThread()
-    try:
-        future = pause_while_running(
-            engine, lambda: loop.submit(engine.agenerate(greedy_request(PROMPTS[1], n))),
-            lambda: vllm_requests_running(engine) == 1, keep=True,
-        )
-        assert [s.paused for s in engine.server_states()] == [True]
-        held_calls = len(segment_calls)  # the held request's, and attempts that finished before the pause
-        engine.load_weights_from_disk(str(new_dir), 1)
-        engine.resume()
-        resp = future.result(timeout=240)
-    finally:
-        loop.close()
-        engine.resume()
-        engine.load_weights_from_disk(str(served.v0_dir), 0)
-    assert len(segment_calls) == held_calls  # nothing was aborted or sent again
-    k = resp.versions.index(1)
-    assert 0 < k < n and resp.versions == [0] * k + [1] * (n - k)
-    assert resp.stop_reason == "length" and len(resp.logprobs) == n
-    assert_greedy_under(served.model, PROMPTS[1], resp.output_ids[:k])
-    assert_greedy_on_kept_cache(served.model, new_model, PROMPTS[1], resp.output_ids, k)
 
 
 def test_disk_update_refuses_paths_outside_the_run_dir(servers: dict[str, Served], tmp_path: Path) -> None:
