@@ -32,8 +32,8 @@ MODES = ("abort", "keep")
 def run(root: Path, trial: str, engine: str, mode: str, steps: int) -> dict[str, Any]:
     overrides = [
         f"fileroot={root}", f"trial_name={trial}", f"total_train_steps={steps}", f"rollout.engine={engine}",
-        f"rollout.pause_mode={mode}", "rollout.max_head_offpolicyness=2", "gconfig.max_new_tokens=32", "stats.eval_every=0",
-        "stats.progress=false", "stats.tensorboard=false",
+        f"rollout.pause_mode={mode}", "rollout.max_head_offpolicyness=2", "gconfig.max_new_tokens=32",
+        "stats.eval_every=0", "stats.progress=false", "stats.tensorboard=false",
     ]
     summary = Trainer(load_config(str(CONFIG), overrides)).run()
     rows = [json.loads(line) for line in (summary.run_dir / "stats.jsonl").read_text().splitlines()]
@@ -50,7 +50,7 @@ def run(root: Path, trial: str, engine: str, mode: str, steps: int) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="hf", help="rollout.engine (one with pause_mode keep: hf, vllm)")
+    parser.add_argument("--engine", default="hf", help="rollout.engine (one with pause_mode keep: hf, vllm, sglang)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -79,7 +79,6 @@ class SGLangEngine(HTTPServerEngine):
     def __init__(self, config: Config, platform: Platform) -> None:
         super().__init__(config, platform)
         self.adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
-        self._holding = False  # a keep pause is in force: the servers hold requests on their KV cache
 
     # ---------------------------------------------------------------- servers
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
@@ -141,18 +140,14 @@ class SGLangEngine(HTTPServerEngine):
         """``/pause_generation`` mode ``in_place``: running requests stay on every server with their
         KV cache and decode on after ``resume`` (``rollout.pause_mode: keep``)."""
         self._gate.close()
-        self._holding = True
         self._broadcast(self.pause_route, to_json(PauseBody(mode="in_place")))
-
-    def resume(self) -> None:
-        super().resume()
-        self._holding = False
 
     def load_weights_from_disk(self, path: str, version: int) -> None:
         if self.config.actor.lora is not None:
             self._load_adapter(path, version)
             return
-        body = DiskUpdateBody(model_path=str(path), weight_version=str(version), flush_cache=not self._holding)
+        holds_requests = self.config.rollout.pause_mode == "keep"  # as ChannelSpec.holds_requests for xccl
+        body = DiskUpdateBody(model_path=str(path), weight_version=str(version), flush_cache=not holds_requests)
         self._broadcast("/update_weights_from_disk", to_json(body))
 
     def _load_adapter(self, path: str, version: int) -> None:

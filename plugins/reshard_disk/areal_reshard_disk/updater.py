@@ -3,9 +3,10 @@
 ``stage(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
 servers refuse to load), fsyncs every file and directory and renames it to ``weights/v{v}``, while
 the servers go on generating on the weights they hold. ``update(v)`` asks each server to load it
-(staging it first when ``stage(v)`` did not), then prunes older versions. A crash at any point leaves either no
-``v{v}`` or a complete one. A server that cannot load ``v{v}`` aborts the update: every server
-loads the last published version again and ``v{v}`` is removed (:class:`WeightUpdateError`).
+(staging it first when ``stage(v)`` did not), then prunes older versions. A crash at any point
+leaves either no ``v{v}`` or a complete one. A server that cannot load ``v{v}`` aborts the update:
+every server loads the last published version again and ``v{v}`` is removed
+(:class:`WeightUpdateError`).
 """
 
 from __future__ import annotations
