@@ -26,6 +26,7 @@ class TrainerAndRollouts(RuleBasedStateMachine):
             batch_size=batch_size, max_head_offpolicyness=eta, max_concurrent=max_concurrent, version=version
         )
         self.running: list = []
+        self.ready: list = []
         self.crashed = False
         self.max_lag_minus_bound = -eta
 
@@ -44,14 +45,18 @@ class TrainerAndRollouts(RuleBasedStateMachine):
         """Finishes the newest episode (-1) or any; favouring the newest leaves long-running old ones."""
         ticket = self.running.pop(i % len(self.running))
         (self.m.accept if accept else self.m.reject)(ticket)
+        if accept:
+            self.ready.append(ticket)
 
     @precondition(lambda self: self.m.ready >= self.m.batch_size)
     @rule()
     def train_step(self):
         chosen = self.m.select(self.m.batch_size)
+        assert chosen == select_by_sorting(self.m, self.ready, self.running, self.m.batch_size)
         if chosen is None:
             return
         self.m.consume(chosen)
+        self.ready = [t for t in self.ready if t not in chosen]
         eta = self.m.max_head_offpolicyness
         for ticket in chosen:
             lag = self.m.version - ticket.version
@@ -71,7 +76,7 @@ class TrainerAndRollouts(RuleBasedStateMachine):
             max_concurrent=self.m.max_concurrent,
         )
         self.m.load_state_dict(state)
-        self.running = []
+        self.running, self.ready = [], []
 
     @invariant()
     def bounded_by_formula(self):
@@ -87,6 +92,21 @@ class TrainerAndRollouts(RuleBasedStateMachine):
             assert self.m.select(self.m.batch_size) is not None
         else:
             assert self.m.capacity() > 0
+
+
+def select_by_sorting(m: StalenessManager, ready: list, running: list, n: int) -> list | None:
+    """The selection rule read literally, one ticket at a time (what select() computes from counts):
+    the n earliest deadlines (then serials); None if the k-th earliest deadline left over, running
+    ones included, finds fewer than k batch slots up to it while a running episode could still help."""
+    if len(ready) < n:
+        return None
+    deadline = lambda t: t.version + m.max_head_offpolicyness  # noqa: E731
+    ordered = sorted(ready, key=lambda t: (deadline(t), t.serial))
+    running_deadlines = sorted(map(deadline, running))
+    for count, d in enumerate(sorted([*map(deadline, ordered[n:]), *running_deadlines]), start=1):
+        if count > (d - m.version) * m.batch_size and running_deadlines[0] <= d:
+            return None
+    return ordered[:n]
 
 
 TrainerAndRollouts.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)

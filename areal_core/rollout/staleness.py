@@ -12,6 +12,8 @@ otherwise miss its deadline, so with one batch per version no consumed episode l
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 
 from areal_core.config import RolloutConfig
@@ -26,7 +28,12 @@ class Ticket:
 
 
 class StalenessManager:
-    """Single-threaded bookkeeping; the rollout runner serialises calls under its lock."""
+    """Single-threaded bookkeeping; the rollout runner serialises calls under its lock.
+
+    Tickets are numbered in start order and the version never goes back, so serial order is
+    deadline order, and :meth:`select` decides from counts of episodes per start version (kept as
+    they change) instead of sorting thousands of tickets under the runner's lock at every wake-up.
+    """
 
     def __init__(
         self,
@@ -53,6 +60,8 @@ class StalenessManager:
         self._serial = 0
         self._running: dict[int, Ticket] = {}
         self._ready: dict[int, Ticket] = {}
+        self._running_by_version: collections.Counter[int] = collections.Counter()
+        self._ready_by_version: collections.Counter[int] = collections.Counter()
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, batch_size: int, version: int = 0) -> StalenessManager:
@@ -72,10 +81,6 @@ class StalenessManager:
         """Accepted episodes not yet consumed by a batch."""
         return len(self._ready)
 
-    def deadline(self, ticket: Ticket) -> int:
-        """The last trainer version whose batch may consume this episode."""
-        return ticket.version + self.max_head_offpolicyness
-
     def window(self) -> int:
         """Episodes not yet consumed that the current version admits (ready and running included)."""
         return (self.max_head_offpolicyness + self.version + 1) * self.batch_size - self.consumed
@@ -91,15 +96,19 @@ class StalenessManager:
         self._serial += 1
         self.submitted += 1
         self._running[ticket.serial] = ticket
+        self._running_by_version[ticket.version] += 1
         return ticket
 
     def accept(self, ticket: Ticket) -> None:
         self._ready[ticket.serial] = self._running.pop(ticket.serial)
+        _decrement(self._running_by_version, ticket.version)
+        self._ready_by_version[ticket.version] += 1
         self.accepted += 1
 
     def reject(self, ticket: Ticket) -> None:
         """A rejected or failed episode: it frees its slot and is never consumed."""
         del self._running[ticket.serial]
+        _decrement(self._running_by_version, ticket.version)
         self.rejected += 1
 
     def select(self, n: int) -> list[Ticket] | None:
@@ -111,21 +120,32 @@ class StalenessManager:
         """
         if len(self._ready) < n:
             return None
-        ready = sorted(self._ready.values(), key=lambda t: (self.deadline(t), t.serial))
-        chosen, left = ready[:n], ready[n:]
-        running_deadlines = sorted(self.deadline(t) for t in self._running.values())
-        if not running_deadlines:
-            return chosen
-        left_deadlines = sorted([self.deadline(t) for t in left] + running_deadlines)
-        for count, deadline in enumerate(left_deadlines, start=1):
-            slots = (deadline - self.version) * self.batch_size
-            if count > slots and running_deadlines[0] <= deadline:
-                return None
-        return chosen
+        if self._running_by_version and not self._leftovers_fit(n):
+            return None
+        return [self._ready[serial] for serial in sorted(self._ready)[:n]]
+
+    def _leftovers_fit(self, n: int) -> bool:
+        """Whether the episodes a batch of the ``n`` earliest leaves over (running ones included)
+        fit the ``B`` slots of each later version up to their deadlines, where waiting could help:
+        counted per start version, the k-th earliest deadline needs k slots."""
+        left, to_take = self._ready_by_version.copy(), n
+        for version in sorted(left):
+            taken = min(to_take, left[version])
+            left[version] -= taken
+            to_take -= taken
+        earliest_running = min(self._running_by_version)
+        waiting, count = left + self._running_by_version, 0
+        for version in sorted(waiting):
+            count += waiting[version]
+            slots = (version + self.max_head_offpolicyness - self.version) * self.batch_size
+            if count > slots and earliest_running <= version:
+                return False
+        return True
 
     def consume(self, tickets: list[Ticket]) -> None:
         for ticket in tickets:
             del self._ready[ticket.serial]
+            _decrement(self._ready_by_version, ticket.version)
         self.consumed += len(tickets)
 
     def set_version(self, version: int) -> None:
@@ -142,3 +162,11 @@ class StalenessManager:
         self.consumed = self.accepted = int(state["consumed"])
         self._running.clear()
         self._ready.clear()
+        self._running_by_version.clear()
+        self._ready_by_version.clear()
+
+
+def _decrement(counts: collections.Counter[int], key: int) -> None:
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
