@@ -22,7 +22,8 @@ no cost but the recorded latencies and the synchronous run's train steps (``idea
 After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With
 ``--repeats N`` both parts run N times (part 2 replays part 1's recording of the same repeat) and
-the min, median and max of the speed-up and of the % of bound close the output. ``--keep DIR``
+the min, median and max of the speed-up, of the % of bound and of part 1's final rewards close the
+output; the repeats run with seeds 3, 4, 5, ..., so the synchronous run's rewards have a spread too. ``--keep DIR``
 keeps the run directories (timelines included) under DIR. ``--pause-mode`` is ``rollout.pause_mode``:
 what weight updates do to requests in flight (the replay engine freezes held requests as a real
 server does).
@@ -103,10 +104,11 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
 def compare(
     label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None,
     steps: int = 0,
-) -> tuple[float, ...]:
+) -> dict[str, float]:
     """Run sync and async; ``pipe_gen_s`` is the rollout side's time when never blocked (None: the
-    synchronous generation time, i.e. the plain overlap bound). Returns (speed-up, % of bound),
-    and with ``steps`` (replay part) also the % of the staleness rules' own bound (:mod:`ideal_pipe`)."""
+    synchronous generation time, i.e. the plain overlap bound, and a real model whose rewards
+    count). Returns the speed-up and % of bound, the final rewards where they count, and with
+    ``steps`` (replay part) the % of the staleness rules' own bound (:mod:`ideal_pipe`)."""
     sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"])
     asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"])
     gen = sync["gen"] if pipe_gen_s is None else pipe_gen_s
@@ -122,16 +124,18 @@ def compare(
     kind = "overlap bound: sync wall / max(sum gen, sum train)" if pipe_gen_s is None else (
         f"bound: sync wall / max(sum train, unblocked rollout time {pipe_gen_s:.1f}s)")
     print(f"async/sync speedup {speedup:.2f}x   ideal {bound:.2f}x ({kind})   async reaches {100 * speedup / bound:.0f}% of it")
-    figures: tuple[float, ...] = (speedup, 100 * speedup / bound)
+    figures = {"speed-up": speedup, "% of bound": 100 * speedup / bound}
+    if pipe_gen_s is None:
+        figures.update({"sync final reward": sync["reward"], "async final reward": asyn["reward"]})
     if steps:
         rules_s = ideal_async_median(
             steps=steps, train_s=sync["train"] / steps, episode_s=lambda rng: max(rng.choice(RECORDED)[0] for _ in range(N_SAMPLES)),
             batch_size=BATCH, staleness=staleness, max_concurrent=MAX_CONCURRENT,
         )
         rules_bound = sync["loop"] / rules_s
-        figures += (100 * speedup / rules_bound,)
+        figures["% of rules' bound"] = rules_share = 100 * speedup / rules_bound
         print(f"the staleness rules' own bound {rules_bound:.2f}x (sync wall / {rules_s:.1f}s, the simulated async run with "
-              f"no cost but latencies and train steps: bench/ideal_pipe.py)   async reaches {figures[2]:.0f}% of it")
+              f"no cost but latencies and train steps: bench/ideal_pipe.py)   async reaches {rules_share:.0f}% of it")
     record = load(asyn["run_dir"])
     split = wait_breakdown(record)
     print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))
@@ -154,7 +158,6 @@ def main() -> None:
         parser.error(f"--repeats {args.repeats}: give at least 1")
     common = [
         f"total_train_steps={args.steps}",
-        "seed=3",
         f"train_dataset.batch_size={BATCH}",
         f"gconfig.n_samples={N_SAMPLES}",
         "gconfig.max_new_tokens=24",  # a random-init model stops at eos by chance: long-tail lengths
@@ -164,30 +167,31 @@ def main() -> None:
         "stats.eval_every=0",
         "stats.tensorboard=false",
     ]
-    results: dict[str, list[tuple[float, ...]]] = {"real": [], "replay": []}
+    results: dict[str, list[dict[str, float]]] = {"real": [], "replay": []}
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         for repeat in range(args.repeats):
             root = (args.keep or Path(tmp)) / f"repeat{repeat}"
             if args.repeats > 1:
                 print(f"\n######## repeat {repeat + 1} of {args.repeats}")
-            results["real"].append(one_round(root, common, args))
-            results["replay"].append(replay_round(root, common, args))
+            seeded = [*common, f"seed={3 + repeat}"]
+            results["real"].append(one_round(root, seeded, args))
+            results["replay"].append(replay_round(root, seeded, args))
     if args.repeats > 1:
         print(f"\n== {args.repeats} repeats: min / median / max ==")
         for part, rows in results.items():
-            for i, what in enumerate(("speed-up", "% of bound", "% of rules' bound")[: len(rows[0])]):
-                values = sorted(row[i] for row in rows)
-                print(f"{part:7} {what:17} {values[0]:7.2f} / {statistics.median(values):7.2f} / {values[-1]:7.2f}")
+            for what in rows[0]:
+                values = sorted(row[what] for row in rows)
+                print(f"{part:7} {what:18} {values[0]:8.3f} / {statistics.median(values):8.3f} / {values[-1]:8.3f}")
 
 
-def one_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, ...]:
+def one_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:
     """Part 1: the real engine, recording every request for part 2."""
     RECORDED.clear()
     return compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
                    [*common, "rollout.engine=hf-recording"], args.staleness, None)
 
 
-def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> tuple[float, ...]:
+def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:
     """Part 2: the replay engine on part 1's recording."""
     lengths = sorted(n for _, n in RECORDED)
     lat = sorted(t for t, _ in RECORDED)
