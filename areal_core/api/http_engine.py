@@ -588,8 +588,14 @@ class HTTPServerEngine(InferenceEngine):
             timeout_s=self.config.actor.weight_update_timeout_s,
             ranks_per_server=self.config.rollout.devices_per_server,
             loads_on_arrival=loads_on_arrival,
-            holds_requests=self.config.rollout.pause_mode == "keep",
+            holds_requests=self.holds_requests,
         )
+
+    @property
+    def holds_requests(self) -> bool:
+        """Whether weight updates meet requests held on the servers (``rollout.pause_mode: keep``),
+        whose KV cache must then stay: servers that flush it after loading weights must not."""
+        return self.config.rollout.pause_mode == "keep"
 
     def commit_staged(self, version: int) -> None:
         """Phase two of a staged update (every member staged ``version``): all commit, and

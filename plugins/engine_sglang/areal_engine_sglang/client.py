@@ -146,8 +146,7 @@ class SGLangEngine(HTTPServerEngine):
         if self.config.actor.lora is not None:
             self._load_adapter(path, version)
             return
-        holds_requests = self.config.rollout.pause_mode == "keep"  # as ChannelSpec.holds_requests for xccl
-        body = DiskUpdateBody(model_path=str(path), weight_version=str(version), flush_cache=not holds_requests)
+        body = DiskUpdateBody(model_path=str(path), weight_version=str(version), flush_cache=not self.holds_requests)
         self._broadcast("/update_weights_from_disk", to_json(body))
 
     def _load_adapter(self, path: str, version: int) -> None:
