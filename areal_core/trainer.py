@@ -376,10 +376,11 @@ class _Loop:
             t += seconds
         self.timeline.add_span("rpc", step, min(t, end), end, parent="train")
 
-    def _update_weights(self, version: int, step: int) -> float:
+    def _update_weights(self, version: int, step: int, done_with: list[Trajectory] | None = None) -> float:
         """Publish ``version`` with generation paused (an updater that can stage does its own part
         first, while generation goes on); an aborted update leaves every server on its previous
-        weights and version, and the run goes on (the next step publishes newer ones)."""
+        weights and version, and the run goes on (the next step publishes newer ones). The
+        ``done_with`` batch is emptied meanwhile (freed with the controller's garbage)."""
         from areal_core.api.weights import SupportsStaging, WeightUpdateError
 
         rollout, timeline, updater = self.rollout, self.timeline, self.planes.updater
@@ -389,7 +390,7 @@ class _Loop:
                     updater.stage(version)
             with timeline.span("pause", step, parent="weight_update"):
                 rollout.pause()
-            collect_all_soon()  # the controller's own garbage, while generation waits anyway
+            collect_all_soon(done_with)  # the controller's own garbage, while generation waits anyway
             try:  # servers that joined get the weights too; one lost meanwhile is left out
                 with timeline.span("weight_load", step, parent="weight_update"):
                     self.planes.fleet.update_weights(updater.update, rollout.set_version, version)
@@ -452,13 +453,14 @@ class _Loop:
                         stats = self._train_on(batch, step)
                     stats["time/rollout_wait_s"] = wait.seconds
                     stats["time/train_s"] = train.seconds
-                    version += 1
-                    stats["time/weight_update_s"] = self._update_weights(version, step)
                     n_tokens = sum(t.n_output_tokens for t in batch)
                     samples, tokens = samples + len(batch), tokens + n_tokens
+                    reward_mean = _mean([t.reward for t in batch])
+                    version += 1
+                    stats["time/weight_update_s"] = self._update_weights(version, step, done_with=batch)
                     stats.update(
                         {
-                            "reward/mean": _mean([t.reward for t in batch]),
+                            "reward/mean": reward_mean,
                             "rollout/max_lag": float(rollout_stats.batch_max_lag),
                             "rollout/mean_lag": rollout_stats.batch_mean_lag,
                             "rollout/rejected": float(rollout_stats.rejected),

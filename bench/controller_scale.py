@@ -14,7 +14,8 @@ them, multi-turn agents (``--turns`` chat calls each) talking HTTP to the real a
 batches of ``--batch`` episodes (default: as many as are in flight, so the staleness window,
 ``(eta + 1)`` batches, is wide enough for the long tail), "trains" for ``--train-s`` and runs a
 weight update (``pause`` aborts every running request, or with ``--pause-mode keep`` holds it,
-``--update-s``, ``set_version``, ``resume``).
+``--update-s``, ``set_version``, ``resume``), handing the batch over to be freed during the update
+as the trainer does.
 
 Latencies: a request's decode time is lognormal around ``--median-s`` real seconds with shape
 ``--sigma`` (default 60 s, sigma 1: p99 ~ 10 min), replayed ``time_factor`` times faster. The
@@ -253,13 +254,13 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         threading.Thread(target=measure, name="measure", daemon=True).start()
         while not stop.is_set():
             try:
-                controller.prepare_batch(loader, workflow, timeout=1.0)
+                batch = controller.prepare_batch(loader, workflow, timeout=1.0)
             except TimeoutError:
                 continue
             steps[0] += 1
             stop.wait(args.train_s)
             controller.pause()
-            collect_all_soon()  # as the trainer does (with --tuning python, Python's own GC runs instead)
+            collect_all_soon(batch)  # as the trainer does (with --tuning python, Python's own GC runs instead)
             stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
             controller.resume()

@@ -1,6 +1,6 @@
 """areal_core.controller_tuning: the controller's interpreter settings hold inside the block only,
 and the cyclic GC still collects cycles under them (on its clock: young ones by themselves, old
-ones when a weight update asks)."""
+ones when a weight update asks); a batch handed over with a weight update is freed, in turns."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import weakref
 
 import pytest
 
-from areal_core.controller_tuning import SWITCH_INTERVAL_S, YOUNG_GC_PERIOD_S, collect_all_soon, controller_tuning
+from areal_core.controller_tuning import (
+    SWITCH_INTERVAL_S,
+    YOUNG_GC_PERIOD_S,
+    collect_all_soon,
+    controller_tuning,
+    free_in_turns,
+)
 from areal_core.testing import wait_for
 
 
@@ -55,3 +61,34 @@ def test_old_cycles_are_collected_when_a_weight_update_asks() -> None:
 
 def _in_old_generation(obj: object) -> bool:
     return any(o is obj for o in gc.get_objects(generation=2))
+
+
+class _Item:
+    pass
+
+
+def test_free_in_turns_frees_what_only_the_list_held_last_first() -> None:
+    items = [_Item() for _ in range(5)]
+    kept = items[1]
+    freed: list[int] = []
+    refs = [weakref.ref(item, lambda _, i=i: freed.append(i)) for i, item in enumerate(items)]
+    free_in_turns(items)
+    assert items == []
+    assert freed == [4, 3, 2, 0]
+    assert refs[1]() is kept
+
+
+def test_a_batch_handed_over_with_a_weight_update_is_freed_on_the_clock() -> None:
+    with controller_tuning():
+        batch = [_Item() for _ in range(3)]
+        refs = [weakref.ref(item) for item in batch]
+        collect_all_soon(batch)
+        wait_for(lambda: all(ref() is None for ref in refs), "the clock's thread to free the batch", timeout=30)
+    assert batch == []
+
+
+def test_without_the_clock_a_handed_over_batch_is_freed_at_once() -> None:
+    batch = [_Item()]
+    ref = weakref.ref(batch[0])
+    collect_all_soon(batch)
+    assert batch == [] and ref() is None
