@@ -36,8 +36,8 @@ _clock: _GcClock | None = None
 
 
 class _GcClock:
-    """A daemon thread: young collections on a period, a full one when asked (not more often than
-    ``full_min_interval_s``)."""
+    """A daemon thread: young collections on a period; when asked, the lists handed over freed in
+    turns, then a full collection (not more often than ``full_min_interval_s``)."""
 
     def __init__(self, young_period_s: float, full_min_interval_s: float) -> None:
         self.young_period_s, self.full_min_interval_s = young_period_s, full_min_interval_s

@@ -2,11 +2,11 @@
 
     python bench/batch_free.py [--episodes 8192] [--samples 4] [--tokens 260] [--repeats 3]
 
-The controller's trainer thread holds each batch (``episodes`` x ``samples`` trajectories of
-``tokens`` tokens: ids from a 150k vocabulary, distinct log-probs, versions) through its step and
-then drops it, while the rollout loop runs on its own thread. Dropping the last reference frees
-every list and number inside one C call, holding the GIL; ``free_in_turns``
-(``areal_core.controller_tuning``) frees them one trajectory at a time. Under the controller's
+A batch (``episodes`` x ``samples`` trajectories of ``tokens`` tokens: ids from a 150k
+vocabulary, distinct log-probs, versions) is freed while the rollout loop runs on its own thread.
+Dropping the last reference frees every list and number inside one C call, holding the GIL;
+``free_in_turns`` (``areal_core.controller_tuning``, what the controller's GC clock does with
+the batch the trainer hands over during a weight update) frees them one trajectory at a time. Under the controller's
 interpreter settings, a probe on an asyncio loop in another thread sleeps 1 ms again and again
 and records how late each wake-up comes while the batch is freed. Printed per way: the free's
 wall time and the probe's longest and p99 lateness; the repeats alternate the two ways.

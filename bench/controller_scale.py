@@ -260,7 +260,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             steps[0] += 1
             stop.wait(args.train_s)
             controller.pause()
-            collect_all_soon(batch)  # as the trainer does (with --tuning python, Python's own GC runs instead)
+            collect_all_soon(batch)  # as the trainer does (--tuning python: freed here, Python's own GC runs)
             stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
             controller.resume()
