@@ -51,3 +51,28 @@ def test_a_pause_mid_request_splits_its_versions(keep: bool) -> None:
     assert len(engine.added) == (2 if keep else 1)  # `added`: requests no pause interrupted
     if keep:  # ... less the time the pause held them: the 0.2 s waited out is the update's, not added
         assert 0 <= engine.added[-1] < 0.2
+
+
+def test_two_keep_pauses_split_a_request_in_three_versions() -> None:
+    engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng: (LATENCY, TOKENS))
+    engine.launch_servers(None)
+    sampling = SamplingParams(max_new_tokens=TOKENS)
+    loop = LoopThread()
+    try:
+        loop.submit(engine.agenerate(GenerationRequest(input_ids=[1], sampling=sampling))).result(timeout=10)
+        start = time.monotonic()
+        future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=sampling)))
+        for version in (1, 2):  # a third of the latency, then a 0.2 s hold that bumps the version
+            time.sleep(LATENCY / 3)
+            engine.pause_keeping()
+            time.sleep(0.2)
+            engine.set_version(version)
+            engine.resume()
+        response = future.result(timeout=10)
+        wall = time.monotonic() - start
+    finally:
+        loop.close()
+    first, second = response.versions.index(1), response.versions.index(2)
+    assert 0 < first < second < TOKENS
+    assert response.versions == [0] * first + [1] * (second - first) + [2] * (TOKENS - second)
+    assert wall >= LATENCY + 0.4 and 0 <= engine.added[-1] < 0.2  # both holds waited out, neither added
