@@ -25,12 +25,12 @@ def test_events_are_appended_flushed_and_survive_a_reopen(tmp_path: Path) -> Non
     first.record("late", uid="x")  # after close: dropped, not an error
     with Ledger(path) as second:  # a restarted controller appends
         second.record("consumed", uid="0:a", version=0)
-        second.record_many("consumed", [{"uid": "0:b", "version": 1}, {"uid": "0:c", "version": 1}])
+        second.record_each("consumed", "uid", ['0:"b"\n', "0:c"], version=1)  # quoted and escaped
     with path.open("a") as f:
         f.write('{"event": "torn')  # a writer killed mid-line
     rows = read_ledger(path)
     assert [r["event"] for r in rows] == ["start", "submitted", "consumed", "consumed", "consumed"]
-    assert [(r.get("uid"), r.get("version")) for r in rows[2:]] == [("0:a", 0), ("0:b", 1), ("0:c", 1)]
+    assert [(r.get("uid"), r.get("version")) for r in rows[2:]] == [("0:a", 0), ('0:"b"\n', 1), ("0:c", 1)]
     assert all(isinstance(r["t"], float) for r in rows)
 
 

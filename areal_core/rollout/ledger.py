@@ -24,6 +24,7 @@ import contextvars
 import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from areal_core.rollout.dataloader import EPOCH_KEY
 EPISODE_UID: contextvars.ContextVar[str | None] = contextvars.ContextVar("areal_episode_uid", default=None)
 
 LEDGER_FILE = "ledger.jsonl"
+_ENCODER = json.JSONEncoder(default=str)  # built once: ``json.dumps(..., default=str)`` builds one per call
 
 
 def episode_uid(data: dict[str, Any]) -> str:
@@ -58,11 +60,14 @@ class Ledger:
             fields["uid"] = uid
         self._write(json.dumps({"event": event, "t": time.time(), **fields}, default=str) + "\n")
 
-    def record_many(self, event: str, rows: list[dict[str, Any]]) -> None:
-        """Append one ``event`` per row (its fields), taking the lock and flushing once for all
-        (a batch's thousands of ``consumed`` lines, while the rollout loop records too)."""
-        now = time.time()
-        self._write("".join(json.dumps({"event": event, "t": now, **fields}, default=str) + "\n" for fields in rows))
+    def record_each(self, event: str, key: str, values: Iterable[Any], **shared: Any) -> None:
+        """Append one ``event`` per value, with ``key`` set to it and the ``shared`` fields, taking
+        the lock and flushing once for all (a batch's thousands of ``consumed`` lines, while the
+        rollout loop records too). What the lines share is encoded once: a call to ``json.dumps``
+        per line cost 4.5 µs, 37 ms for 8,192 lines on the trainer's thread."""
+        common = json.dumps({"event": event, "t": time.time(), **shared}, default=str)
+        head, tail = common[:-1] + ", " + json.dumps(key) + ": ", "}\n"
+        self._write("".join(head + _ENCODER.encode(value) + tail for value in values))
 
     def _write(self, text: str) -> None:
         with self._lock:

@@ -339,7 +339,7 @@ class RolloutRunner:
             self._gauge()
         # the rest holds no lock: at thousands of episodes it takes a while, and the loop goes on
         if self.ledger is not None:
-            self.ledger.record_many("consumed", [{"uid": episode_uid(ep.data), "version": version} for ep in episodes])
+            self.ledger.record_each("consumed", "uid", (episode_uid(ep.data) for ep in episodes), version=version)
         batch = [traj for ep in episodes for traj in ep.trajectories]
         max_lag, mean_lag = _lags([ep.tokens_by_version for ep in episodes], version)
         with self._cond:
