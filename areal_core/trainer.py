@@ -380,7 +380,8 @@ class _Loop:
         """Publish ``version`` with generation paused (an updater that can stage does its own part
         first, while generation goes on); an aborted update leaves every server on its previous
         weights and version, and the run goes on (the next step publishes newer ones). The
-        ``done_with`` batch is emptied meanwhile (freed with the controller's garbage)."""
+        ``done_with`` batch is freed meanwhile, with a full collection of the controller's heap when
+        one is due, and generation resumes after both (see :func:`collect_all_soon`)."""
         from areal_core.api.weights import SupportsStaging, WeightUpdateError
 
         rollout, timeline, updater = self.rollout, self.timeline, self.planes.updater
@@ -390,7 +391,7 @@ class _Loop:
                     updater.stage(version)
             with timeline.span("pause", step, parent="weight_update"):
                 rollout.pause()
-            collect_all_soon(done_with)  # the controller's own garbage, while generation waits anyway
+            cleaned = collect_all_soon(done_with)  # the controller's own garbage, while generation waits anyway
             try:  # servers that joined get the weights too; one lost meanwhile is left out
                 with timeline.span("weight_load", step, parent="weight_update"):
                     self.planes.fleet.update_weights(updater.update, rollout.set_version, version)
@@ -400,6 +401,8 @@ class _Loop:
                     "weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc
                 )
             finally:
+                with timeline.span("heap_collect", step, parent="weight_update"):
+                    cleaned.wait()  # with requests going, it would share the core with the rollout loop
                 with timeline.span("resume", step, parent="weight_update"):
                     rollout.resume()
         return whole.seconds

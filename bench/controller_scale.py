@@ -15,7 +15,7 @@ batches of ``--batch`` episodes (default: as many as are in flight, so the stale
 ``(eta + 1)`` batches, is wide enough for the long tail), "trains" for ``--train-s`` and runs a
 weight update (``pause`` aborts every running request, or with ``--pause-mode keep`` holds it,
 ``--update-s``, ``set_version``, ``resume``), handing the batch over to be freed during the update
-as the trainer does.
+as the trainer does (the resume waits for that, and for a full collection when one is due, as the trainer's does).
 
 Latencies: a request's decode time is lognormal around ``--median-s`` real seconds with shape
 ``--sigma`` (default 60 s, sigma 1: p99 ~ 10 min), replayed ``time_factor`` times faster. The
@@ -34,7 +34,9 @@ p50/p99 added latency per request (time in ``engine.agenerate_group`` minus the 
 simulated latency, for groups no weight update interrupted) and per agent call (HTTP call to the
 proxy minus the simulated latency); the cyclic GC's pauses (ms per second of window, longest
 pause); memory per in-flight episode (RSS growth from just before the controller started /
-episodes running or ready); the ledger audit (every episode consumed exactly once).
+episodes running or ready); the ledger audit (every episode consumed exactly once); how long
+each weight update kept generation paused (``--update-s``, or longer where freeing the batch and
+a full collection took longer).
 """
 
 from __future__ import annotations
@@ -213,7 +215,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     if args.agent_share > 0:
         proxy_server.start()
     rss0 = rss_bytes()
-    stop, steps, window = threading.Event(), [0], {}
+    stop, steps, window, pauses = threading.Event(), [0], {}, []
     gc_pauses = GcPauses()
     gc.callbacks.append(gc_pauses)
 
@@ -259,11 +261,14 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             steps[0] += 1
             stop.wait(args.train_s)
+            paused_at = time.monotonic()
             controller.pause()
-            collect_all_soon(batch)  # as the trainer does (--tuning python: freed here, Python's own GC runs)
+            cleaned = collect_all_soon(batch)  # as the trainer does (--tuning python: freed here, Python's own GC runs)
             stop.wait(args.update_s)
             controller.set_version(controller.version + 1)
+            cleaned.wait()
             controller.resume()
+            pauses.append(time.monotonic() - paused_at)
     # the agents' HTTP session dies with the loop: closing it earlier would fail running episodes
     proxy_server.close()
     ledger.close()
@@ -293,6 +298,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "agent_added_p99_ms": 1e3 * pct(last["agent_added"], 0.99),
         "gc_ms_per_s": 1e3 * sum(last["gc_pauses"]) / wall,
         "gc_max_ms": 1e3 * max(last["gc_pauses"], default=0.0),
+        "update_pauses_s": pauses,
         "kib_per_episode": (window["rss"] - rss0) / 1024 / max(1, window["held"]),
         "ledger_problems": len(problems),
         "ledger_first_problems": problems[:3],
@@ -372,7 +378,8 @@ def main() -> None:
             bad = sum(r["ledger_problems"] for r in runs)
             print(f"{'':8}time factor {runs[0]['time_factor']:.1f}, {sum(r['steps'] for r in runs)} batches taken, "
                   f"{sum(r['measured_requests'] for r in runs)} uninterrupted requests, {sum(r['agent_calls'] for r in runs)} "
-                  f"agent calls measured; ledger: {'exactly once' if not bad else f'{bad} problems'}")
+                  f"agent calls measured; ledger: {'exactly once' if not bad else f'{bad} problems'}; "
+                  f"weight update pauses {spread([p for r in runs for p in r['update_pauses_s']], '{:.2f}')} s")
         if len(rows) == 2:
             (a, runs_a), (b, runs_b) = rows.items()
             ratio = {k: statistics.median(r[k] for r in runs_a) / statistics.median(r[k] for r in runs_b)

@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 from areal_core.controller_tuning import (
+    _GcClock,
     SWITCH_INTERVAL_S,
     YOUNG_GC_PERIOD_S,
     collect_all_soon,
@@ -92,3 +93,31 @@ def test_without_the_clock_a_handed_over_batch_is_freed_at_once() -> None:
     ref = weakref.ref(batch[0])
     collect_all_soon(batch)
     assert batch == [] and ref() is None
+
+
+def test_the_event_is_set_once_the_batch_is_freed_and_the_full_collection_if_due_has_run() -> None:
+    full: list[int] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(on_gc)
+    try:
+        with controller_tuning():
+            for full_collections in (1, 1):  # the first of a run is due, the next a minute later
+                batch = [_Item()]
+                ref = weakref.ref(batch[0])
+                done = collect_all_soon(batch)
+                assert done.wait(timeout=30)
+                assert ref() is None and len(full) == full_collections
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+def test_a_stopped_clock_has_nobody_wait() -> None:
+    clock = _GcClock(YOUNG_GC_PERIOD_S, full_min_interval_s=0.0)  # every request wants a full collection
+    clock.start()
+    assert clock.collect_all_soon([]).wait(timeout=30)
+    clock.stop()
+    assert clock.collect_all_soon([]).is_set()
