@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 SWITCH_INTERVAL_S = 0.0005
-YOUNG_GC_PERIOD_S = 0.05
+YOUNG_GC_PERIOD_S = 0.01
 FULL_GC_MIN_INTERVAL_S = 60.0
 
 _clock: _GcClock | None = None
