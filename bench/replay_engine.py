@@ -194,6 +194,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self._timer = self._loop.call_at(when, self._finish_due, end)
 
     def _finish_due(self, end: float) -> None:
+        """The timer for ``end`` fired: end every segment due by now, then wait for the next."""
         self._timer = None
         now = max(end, self._generation_time())
         while self._due and self._due[0][0] <= now:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,29 +22,38 @@ from replay_engine import ReplayLatencyEngine  # noqa: E402
 LATENCY, TOKENS = 1.0, 10  # long enough that the pause lands mid-request on a loaded machine
 
 
-@pytest.mark.parametrize("keep", [False, True], ids=["abort", "keep"])
-def test_a_pause_mid_request_splits_its_versions(keep: bool) -> None:
+SAMPLING = SamplingParams(max_new_tokens=TOKENS)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ReplayLatencyEngine, LoopThread]]:
+    """An engine whose every request takes LATENCY for TOKENS, and the loop it runs on, after a
+    first request (the first call's imports and set-up)."""
     engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng: (LATENCY, TOKENS))
     engine.launch_servers(None)
-    sampling = SamplingParams(max_new_tokens=TOKENS)
-    request = GenerationRequest(input_ids=[1, 2], sampling=sampling)
     loop = LoopThread()
-    try:  # a first request: the first call's imports and set-up
-        loop.submit(engine.agenerate(GenerationRequest(input_ids=[1], sampling=sampling))).result(timeout=10)
-        start = time.monotonic()
-        future = loop.submit(engine.agenerate(request))
-        time.sleep(LATENCY / 2)  # about half the tokens are out
-        if keep:
-            engine.pause_keeping()
-        else:
-            engine.pause()
-        time.sleep(0.2)
-        engine.set_version(1)
-        engine.resume()
-        response = future.result(timeout=10)
-        wall = time.monotonic() - start
+    try:
+        loop.submit(engine.agenerate(GenerationRequest(input_ids=[1], sampling=SAMPLING))).result(timeout=10)
+        yield engine, loop
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["abort", "keep"])
+def test_a_pause_mid_request_splits_its_versions(served, keep: bool) -> None:
+    engine, loop = served
+    start = time.monotonic()
+    future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=SAMPLING)))
+    time.sleep(LATENCY / 2)  # about half the tokens are out
+    if keep:
+        engine.pause_keeping()
+    else:
+        engine.pause()
+    time.sleep(0.2)
+    engine.set_version(1)
+    engine.resume()
+    response = future.result(timeout=10)
+    wall = time.monotonic() - start
     k = response.versions.index(1)
     assert 0 < k < TOKENS and response.versions == [0] * k + [1] * (TOKENS - k)
     assert response.stop_reason == "length" and len(response.output_ids) == TOKENS
@@ -53,25 +63,18 @@ def test_a_pause_mid_request_splits_its_versions(keep: bool) -> None:
         assert 0 <= engine.added[-1] < 0.2
 
 
-def test_two_keep_pauses_split_a_request_in_three_versions() -> None:
-    engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng: (LATENCY, TOKENS))
-    engine.launch_servers(None)
-    sampling = SamplingParams(max_new_tokens=TOKENS)
-    loop = LoopThread()
-    try:
-        loop.submit(engine.agenerate(GenerationRequest(input_ids=[1], sampling=sampling))).result(timeout=10)
-        start = time.monotonic()
-        future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=sampling)))
-        for version in (1, 2):  # a third of the latency, then a 0.2 s hold that bumps the version
-            time.sleep(LATENCY / 3)
-            engine.pause_keeping()
-            time.sleep(0.2)
-            engine.set_version(version)
-            engine.resume()
-        response = future.result(timeout=10)
-        wall = time.monotonic() - start
-    finally:
-        loop.close()
+def test_two_keep_pauses_split_a_request_in_three_versions(served) -> None:
+    engine, loop = served
+    start = time.monotonic()
+    future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=SAMPLING)))
+    for version in (1, 2):  # a third of the latency, then a 0.2 s hold that bumps the version
+        time.sleep(LATENCY / 3)
+        engine.pause_keeping()
+        time.sleep(0.2)
+        engine.set_version(version)
+        engine.resume()
+    response = future.result(timeout=10)
+    wall = time.monotonic() - start
     first, second = response.versions.index(1), response.versions.index(2)
     assert 0 < first < second < TOKENS
     assert response.versions == [0] * first + [1] * (second - first) + [2] * (TOKENS - second)
