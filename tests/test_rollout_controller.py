@@ -19,7 +19,7 @@ from areal_core.agent import AgentProxy
 from areal_core.agent.openai_api import RequestError, Sampling
 from areal_core.api.engine import GenerationRequest, InferenceEngine, SamplingParams
 from areal_core.config import GenerationConfig
-from areal_core.rollout.runner import RolloutRunner, _lags, _tokens_by_version
+from areal_core.rollout.runner import RolloutRunner, _lags, _token_versions
 from areal_core.rollout.dataloader import PromptLoader
 from areal_core.rollout.failures import FailureRateError, FailureTracker
 from areal_core.rollout.staleness import StalenessManager
@@ -148,7 +148,7 @@ def test_the_pipe_refills_between_batches_until_the_intake_ends():
 @given(st.lists(st.lists(st.lists(st.integers(-1, 5), max_size=30), min_size=1, max_size=4), max_size=4),
        st.integers(5, 8))
 def test_batch_lags_are_those_of_every_generated_token(episodes: list[list[list[int]]], version: int) -> None:
-    counted = [_tokens_by_version([_trajectory(v, f"u{i}") for i, v in enumerate(ep)]) for ep in episodes]
+    counted = [_token_versions([_trajectory(v, f"u{i}") for i, v in enumerate(ep)]) for ep in episodes]
     lags = [version - v for ep in episodes for vs in ep for v in vs if v >= 0]
     max_lag, mean_lag = _lags(counted, version)
     assert max_lag == max(lags, default=0)

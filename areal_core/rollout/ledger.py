@@ -67,7 +67,9 @@ class Ledger:
         per line cost 4.5 µs, 37 ms for 8,192 lines on the trainer's thread."""
         common = json.dumps({"event": event, "t": time.time(), **shared}, default=str)
         head, tail = common[:-1] + ", " + json.dumps(key) + ": ", "}\n"
-        self._write("".join(head + _ENCODER.encode(value) + tail for value in values))
+        lines = (tail + head).join(map(_ENCODER.encode, values))
+        if lines:
+            self._write(head + lines + tail)
 
     def _write(self, text: str) -> None:
         with self._lock:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
+import operator
+import sys
 import threading
 import time
 from typing import Any, Coroutine, Iterator, TypeVar, cast
@@ -33,6 +36,12 @@ from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+NO_TOKENS_VERSION = sys.maxsize  # the "oldest version" of an episode without generated tokens
+# taking a batch maps these over thousands of episodes on the trainer's thread: C calls, not Python ones
+_SERIAL = operator.attrgetter("serial")
+_UID = operator.attrgetter("uid")
+_TRAJECTORIES = operator.attrgetter("trajectories")
+_TOKEN_VERSIONS = operator.attrgetter("token_versions")
 
 
 @attrs.define
@@ -53,11 +62,16 @@ class RolloutStats:
 
 @attrs.define
 class _Episode:
-    ticket: Ticket
+    """An accepted episode waiting for a batch. What taking it needs besides the trajectories is
+    worked out as it ends, on the loop: a batch takes thousands at once, on the trainer's thread,
+    which shares the core with the loop."""
+
     data: dict[str, Any]
     trajectories: list[Trajectory]
-    #: generated tokens per producing version, counted as the episode ends (the batch's lags add these up)
-    tokens_by_version: collections.Counter[int]
+    uid: str  # its ledger uid
+    #: its generated tokens: how many, the sum of their producing versions and the oldest version
+    #: (``NO_TOKENS_VERSION`` when none); a batch's lags add these up
+    token_versions: tuple[int, int, int]
 
 
 class RolloutRunner:
@@ -212,7 +226,7 @@ class RolloutRunner:
             episode, outcome, reason = None, "failed", short_reason(exc)
         # counted here, one episode at a time: a batch of thousands counted at once held the GIL for
         # a long stretch, and the loop's requests waited behind it
-        tokens_by_version = _tokens_by_version(episode) if episode is not None else collections.Counter()
+        token_versions = _token_versions(episode) if episode is not None else (0, 0, NO_TOKENS_VERSION)
         self.failures.record(reason)
         if reason is not None:
             try:
@@ -223,7 +237,7 @@ class RolloutRunner:
             del self._running[ticket.serial]
             if episode is not None:
                 self.staleness.accept(ticket)
-                self._ready[ticket.serial] = _Episode(ticket, data, episode, tokens_by_version)
+                self._ready[ticket.serial] = _Episode(data, episode, uid, token_versions)
             else:
                 self.staleness.reject(ticket)
             if outcome == "failed" and self._attempts.get(uid, 0) < self.episode_retries:
@@ -233,7 +247,7 @@ class RolloutRunner:
             else:
                 self._attempts.pop(uid, None)
             setattr(self._stats, outcome, getattr(self._stats, outcome) + 1)
-            self._record(outcome, uid=episode_uid(data))
+            self._record(outcome, uid=uid)
             self._gauge()
             if reason is not None or self.staleness.ready >= self._want or not self._running:
                 self._cond.notify_all()
@@ -332,16 +346,16 @@ class RolloutRunner:
                     self._cond.wait(remaining)
             finally:
                 self._want = 0
-            episodes = [self._ready.pop(t.serial) for t in chosen]
+            episodes = list(map(self._ready.pop, map(_SERIAL, chosen)))
             version = self.staleness.version
             self.staleness.consume(chosen)
             self._stats.consumed += len(chosen)
             self._gauge()
         # the rest holds no lock: at thousands of episodes it takes a while, and the loop goes on
         if self.ledger is not None:
-            self.ledger.record_each("consumed", "uid", (episode_uid(ep.data) for ep in episodes), version=version)
-        batch = [traj for ep in episodes for traj in ep.trajectories]
-        max_lag, mean_lag = _lags([ep.tokens_by_version for ep in episodes], version)
+            self.ledger.record_each("consumed", "uid", map(_UID, episodes), version=version)
+        batch = list(itertools.chain.from_iterable(map(_TRAJECTORIES, episodes)))
+        max_lag, mean_lag = _lags(list(map(_TOKEN_VERSIONS, episodes)), version)
         with self._cond:
             self._stats.batch_max_lag, self._stats.batch_mean_lag = max_lag, mean_lag
         return batch
@@ -426,23 +440,23 @@ class RolloutRunner:
             self.ledger.record(event, **fields)
 
 
-def _tokens_by_version(episode: list[Trajectory]) -> collections.Counter[int]:
-    """How many generated tokens of ``episode`` each weight version produced (prompt tokens, -1, left out)."""
+def _token_versions(episode: list[Trajectory]) -> tuple[int, int, int]:
+    """``episode``'s generated tokens (prompt tokens, version -1, left out): how many, the sum of
+    the weight versions that produced them, and the oldest of those (``NO_TOKENS_VERSION`` if none)."""
     counts: collections.Counter[int] = collections.Counter()
     for traj in episode:
         counts.update(traj.versions)
     del counts[-1]
-    return counts
+    total = sum(produced_by * tokens for produced_by, tokens in counts.items())
+    return counts.total(), total, min(counts, default=NO_TOKENS_VERSION)
 
 
-def _lags(episodes: list[collections.Counter[int]], version: int) -> tuple[int, float]:
+def _lags(episodes: list[tuple[int, int, int]], version: int) -> tuple[int, float]:
     """Max and mean lag (``version`` minus the version that produced it) over the generated tokens
-    of a batch, from each episode's ``_tokens_by_version`` (a batch can hold millions of tokens)."""
-    count, total, oldest = 0, 0, version
-    for tokens_by_version in episodes:
-        for produced_by, tokens in tokens_by_version.items():
-            count, total, oldest = count + tokens, total + produced_by * tokens, min(oldest, produced_by)
-    return (version - oldest, version - total / count) if count else (0, 0.0)
+    of a batch, from each episode's :func:`_token_versions` (a batch can hold millions of tokens)."""
+    counts, totals, oldest = zip(*episodes) if episodes else ((), (), ())
+    count = sum(counts)
+    return (version - min(oldest), version - sum(totals) / count) if count else (0, 0.0)
 
 
 def _checked_episode(result: Any) -> list[Trajectory] | None:

@@ -13,10 +13,14 @@ otherwise miss its deadline, so with one batch per version no consumed episode l
 from __future__ import annotations
 
 import collections
+import operator
 
 import attrs
 
 from areal_core.config import RolloutConfig
+
+
+_VERSION = operator.attrgetter("version")
 
 
 @attrs.frozen
@@ -145,7 +149,8 @@ class StalenessManager:
     def consume(self, tickets: list[Ticket]) -> None:
         for ticket in tickets:
             del self._ready[ticket.serial]
-            _decrement(self._ready_by_version, ticket.version)
+        # counted per version at once: thousands of tickets, on the trainer's thread, under the runner's lock
+        self._ready_by_version -= collections.Counter(map(_VERSION, tickets))  # drops the versions at 0
         self.consumed += len(tickets)
 
     def set_version(self, version: int) -> None:
