@@ -17,7 +17,9 @@ real engine the generation time is the synchronous run's measured wait (the plai
 for the replay engine it is the time a never-blocked pipe of in-flight episodes needs, since
 asynchrony also stops waiting for stragglers. The staleness rules themselves block that pipe on a
 long tail, so the replay part also prints the rules' own bound: the same async run simulated with
-no cost but the recorded latencies and the synchronous run's train steps (``ideal_pipe.py``).
+no cost but the recorded latencies and the synchronous run's train steps (``ideal_pipe.py``),
+and what the async run's abort pauses cost, which that bound does not charge: the requests they
+ended and the decoding lost (each one's token in progress).
 
 After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With
@@ -57,6 +59,7 @@ from areal_core.trainer import Trainer
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
 RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of every hf request in part 1
 ReplayLatencyEngine.default_sampler = recorded(RECORDED)  # part 2 replays them
+REPLAY_ENGINES: list[ReplayLatencyEngine] = []  # every replay engine made, the last run's last
 
 
 class RecordingHFEngine(HFEngine):
@@ -70,10 +73,18 @@ class RecordingHFEngine(HFEngine):
         return responses
 
 
+class TrackedReplayEngine(ReplayLatencyEngine):
+    """The replay engine, kept in ``REPLAY_ENGINES`` so that its abort counts can be read after the run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        REPLAY_ENGINES.append(self)
+
+
 @hookimpl
 def areal_register_inference_engines(register):
     register(RecordingHFEngine.name, RecordingHFEngine)
-    register(ReplayLatencyEngine.name, ReplayLatencyEngine)
+    register(ReplayLatencyEngine.name, TrackedReplayEngine)
 
 
 def run_job(root: Path, trial: str, overrides: list[str]) -> dict[str, Any]:
@@ -136,6 +147,9 @@ def compare(
         figures["% of rules' bound"] = rules_share = 100 * speedup / rules_bound
         print(f"the staleness rules' own bound {rules_bound:.2f}x (sync wall / {rules_s:.1f}s, the simulated async run with "
               f"no cost but latencies and train steps: bench/ideal_pipe.py)   async reaches {rules_share:.0f}% of it")
+        engine = REPLAY_ENGINES[-1]  # the async run's: an abort pause loses what the rules' bound does not charge
+        print(f"async run's aborts: {engine.aborted_segments} running requests ended by a pause, "
+              f"{engine.abort_lost_s:.1f}s of their decoding lost (the token in progress of each)")
     record = load(asyn["run_dir"])
     split = wait_breakdown(record)
     print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))

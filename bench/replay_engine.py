@@ -80,6 +80,13 @@ class _Running:
         done = 1.0 if self.seconds <= 0 else min(1.0, (at - self.start) / self.seconds)
         return math.floor(self.tokens * done)
 
+    def thrown_away(self, at: float) -> float:
+        """Generation seconds from the start to ``at`` that the tokens out by then do not account
+        for: what an abort at ``at`` loses (the token in progress)."""
+        at = min(at, self.end)  # past its end (its timer late), it is done: nothing lost
+        accounted = self.seconds * self.produced(at) / self.tokens if self.tokens else 0.0
+        return at - self.start - accounted
+
 
 class ReplayLatencyEngine(HTTPServerEngine):
     """See the module docstring. ``sampler`` defaults to the class attribute ``default_sampler``."""
@@ -94,6 +101,8 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.rng = random.Random(config.seed)
         self.version = 0
         self.completed = 0  # requests answered in full
+        self.aborted_segments = 0  # running segments an abort pause ended
+        self.abort_lost_s = 0.0  # their generation time that no token they handed back accounts for
         #: per request of a group no pause interrupted that started at or after ``added_since`` (loop
         #: time): wall time in ``agenerate_group`` minus the group's slowest simulated latency and
         #: minus the time generation was paused meanwhile
@@ -221,6 +230,9 @@ class ReplayLatencyEngine(HTTPServerEngine):
         now = self._generation_time()
         self._stop_timer()
         for _, _, run in self._due:
+            if not run.future.done():  # not cancelled by its client
+                self.aborted_segments += 1
+                self.abort_lost_s += run.thrown_away(now)
             _finish(run.future, run.produced(now), "abort")
         self._due.clear()
 

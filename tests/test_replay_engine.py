@@ -61,6 +61,9 @@ def test_a_pause_mid_request_splits_its_versions(served, keep: bool) -> None:
     assert len(engine.added) == (2 if keep else 1)  # `added`: requests no pause interrupted
     if keep:  # ... less the time the pause held them: the 0.2 s waited out is the update's, not added
         assert 0 <= engine.added[-1] < 0.2
+    # an abort loses the token in progress (less than one token's share of the latency); a keep, nothing
+    assert engine.aborted_segments == (0 if keep else 1)
+    assert (engine.abort_lost_s == 0) if keep else (0 <= engine.abort_lost_s < LATENCY / TOKENS)
 
 
 def test_two_keep_pauses_split_a_request_in_three_versions(served) -> None:
