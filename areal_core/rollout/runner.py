@@ -36,7 +36,7 @@ from areal_core.api.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-NO_TOKENS_VERSION = sys.maxsize  # the "oldest version" of an episode without generated tokens
+_NO_TOKENS_VERSION = sys.maxsize  # the "oldest version" of an episode without generated tokens
 # taking a batch maps these over thousands of episodes on the trainer's thread: C calls, not Python ones
 _SERIAL = operator.attrgetter("serial")
 _UID = operator.attrgetter("uid")
@@ -70,7 +70,7 @@ class _Episode:
     trajectories: list[Trajectory]
     uid: str  # its ledger uid
     #: its generated tokens: how many, the sum of their producing versions and the oldest version
-    #: (``NO_TOKENS_VERSION`` when none); a batch's lags add these up
+    #: (``_NO_TOKENS_VERSION`` when none); a batch's lags add these up
     token_versions: tuple[int, int, int]
 
 
@@ -226,7 +226,7 @@ class RolloutRunner:
             episode, outcome, reason = None, "failed", short_reason(exc)
         # counted here, one episode at a time: a batch of thousands counted at once held the GIL for
         # a long stretch, and the loop's requests waited behind it
-        token_versions = _token_versions(episode) if episode is not None else (0, 0, NO_TOKENS_VERSION)
+        token_versions = _token_versions(episode or [])
         self.failures.record(reason)
         if reason is not None:
             try:
@@ -442,13 +442,13 @@ class RolloutRunner:
 
 def _token_versions(episode: list[Trajectory]) -> tuple[int, int, int]:
     """``episode``'s generated tokens (prompt tokens, version -1, left out): how many, the sum of
-    the weight versions that produced them, and the oldest of those (``NO_TOKENS_VERSION`` if none)."""
+    the weight versions that produced them, and the oldest of those (``_NO_TOKENS_VERSION`` if none)."""
     counts: collections.Counter[int] = collections.Counter()
     for traj in episode:
         counts.update(traj.versions)
     del counts[-1]
     total = sum(produced_by * tokens for produced_by, tokens in counts.items())
-    return counts.total(), total, min(counts, default=NO_TOKENS_VERSION)
+    return counts.total(), total, min(counts, default=_NO_TOKENS_VERSION)
 
 
 def _lags(episodes: list[tuple[int, int, int]], version: int) -> tuple[int, float]:
