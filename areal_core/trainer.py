@@ -19,10 +19,11 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
+from areal_core.api.errors import PluginError
 from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
 from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.plugins import Plugins, load_plugins
@@ -33,6 +34,9 @@ from areal_core.rollout.failures import FailureCounts, FailureTracker
 from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline, open_timeline
 from areal_core.api.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from areal_core.rollout.reward_runner import RewardRunner
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +165,6 @@ class _Planes:
         from areal_core.control_endpoint import ControlServer
         from areal_core.rollout.fleet import ServerFleet
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
-        from areal_core.rollout.reward_runner import RewardRunner
         from areal_core.scheduler import make_scheduler
         from areal_core.train.worker_group import TrainWorkerGroup
 
@@ -169,6 +172,7 @@ class _Planes:
         self._stack = ExitStack()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+            self.rewards = self._stack.enter_context(self._start_rewards())
             say(
                 f"starting {config.rollout.servers} {config.rollout.engine} inference server(s) and "
                 f"{config.actor.world_size} training worker(s) ({config.scheduler} scheduler)"
@@ -191,19 +195,33 @@ class _Planes:
             self._stack.callback(self.ledger.close)
             self.fleet = self._stack.enter_context(ServerFleet(self.engine, config, self.ledger))
             self._stack.enter_context(ControlServer(self.fleet, config.run_dir))  # `areal servers ...`
-            reward_fn = self.plugins.get("reward", config.reward.name)
-            window = config.rollout.failure_window_steps * config.train_dataset.batch_size * config.gconfig.n_samples
-            failures = FailureTracker(
-                "reward calls", "reward.max_failure_rate", max_rate=config.reward.max_failure_rate, window=window
-            )
-            self.rewards = self._stack.enter_context(
-                RewardRunner(reward_fn, workers=config.reward.workers, timeout=config.reward.timeout, failures=failures)
-            )
             self.algorithm = self.plugins.get("algorithm", config.actor.algorithm)(config.actor)
         except BaseException:
             self._stack.close()
             raise
         return self
+
+    def _start_rewards(self) -> RewardRunner:
+        """The reward runner with its workers up: their start-up (the forkserver imports ``__main__``
+        and the reward's module) is start-up time, not the first batch's, and a reward that cannot
+        load in a worker stops the run here, before any server starts."""
+        from areal_core.rollout.reward_runner import RewardRunner
+
+        config = self.config
+        window = config.rollout.failure_window_steps * config.train_dataset.batch_size * config.gconfig.n_samples
+        failures = FailureTracker(
+            "reward calls", "reward.max_failure_rate", max_rate=config.reward.max_failure_rate, window=window
+        )
+        runner = RewardRunner(
+            self.plugins.get("reward", config.reward.name),
+            workers=config.reward.workers, timeout=config.reward.timeout, failures=failures,
+        )  # fmt: skip
+        try:
+            runner.start()
+        except RuntimeError as exc:
+            runner.close()
+            raise PluginError(f"reward.name {config.reward.name!r}: {exc}") from None
+        return runner
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()

@@ -46,6 +46,15 @@ def test_a_reward_that_always_raises_is_one_line_per_step_then_aborts(tmp_path, 
     assert len(reported) == len(rows) and all(row["reward/error_rate"] == 1.0 for row in rows), out[-3000:]
 
 
+def test_a_reward_that_cannot_load_in_its_workers_stops_the_run_before_any_server_starts(tmp_path, marks):
+    proc = start([*WITH_TEST_REWARDS, *run_args(tmp_path, "broken", "reward.name=broken_in_workers")], marks())
+    out = _finish(proc)
+    assert proc.returncode == 2, out[-3000:]
+    (error,) = [line for line in out.splitlines() if line.startswith("areal: error:")]
+    assert error.startswith("areal: error: reward.name 'broken_in_workers': reward worker ") and "ImportError" in error, out
+    assert "areal: starting " not in out and not (tmp_path / "quickstart" / "broken" / "stats.jsonl").exists(), out
+
+
 def test_a_reward_that_kills_its_worker_is_counted_and_the_output_reads_well(tmp_path, marks):
     """Also the output without a TTY: start-up lines, a plain line per step, the summary's paths unwrapped."""
     run_dir = tmp_path / "quickstart" / "exits"

@@ -19,6 +19,7 @@ class TestRewards:
     def areal_register_rewards(self, register):
         for name in ("always_raises", "always_exits", "raises_on_bad"):
             register(name, getattr(fns, name))
+        register("broken_in_workers", fns.BrokenInWorkers())
 
 
 def main(config: Config) -> None:
