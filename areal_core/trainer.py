@@ -154,7 +154,7 @@ class Trainer:
 
 
 class _Planes:
-    """Starts servers, training workers, the weight path and the reward runner (stopped on exit)."""
+    """Starts the reward workers, servers, training workers and the weight path (stopped on exit)."""
 
     def __init__(self, config: Config, plugins: Plugins, platform: Any) -> None:
         self.config, self.plugins, self.platform = config, plugins, platform
