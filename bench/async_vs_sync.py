@@ -1,6 +1,7 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
-    python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--pause-mode abort|keep] [--repeats 3] [--keep DIR]
+    python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--pause-mode abort|keep] [--repeats 3]
+        [--first-seed 3] [--keep DIR]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -30,8 +31,8 @@ After each part it prints the asynchronous run's rollout waits (first batch, sta
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With ``--repeats N``
 both parts run N times (part 2 replays part 1's recording of the same repeat) and the min, median
 and max of the speed-up, of the % of bound and of part 1's final rewards (and of the paired gap of
-the final models' rewards, async - sync) close the output; the repeats run with seeds 3, 4, 5, ...,
-so the synchronous run's rewards have a spread too. ``--keep DIR`` keeps the run directories
+the final models' rewards, async - sync) close the output; the repeats run with seeds 3, 4, 5, ...
+(``--first-seed`` moves the start), so the synchronous run's rewards have a spread too. ``--keep DIR`` keeps the run directories
 (timelines included) under DIR. ``--pause-mode`` is ``rollout.pause_mode``: what weight updates do
 to requests in flight (the replay engine freezes held requests as a real server does).
 """
@@ -183,6 +184,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--pause-mode", choices=("abort", "keep"), default="abort", help="rollout.pause_mode")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--first-seed", type=int, default=3, help="seed of the first repeat; each next one adds 1")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories under this directory")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -204,7 +206,7 @@ def main() -> None:
             root = (args.keep or Path(tmp)) / f"repeat{repeat}"
             if args.repeats > 1:
                 print(f"\n######## repeat {repeat + 1} of {args.repeats}")
-            seeded = [*common, f"seed={3 + repeat}"]
+            seeded = [*common, f"seed={args.first_seed + repeat}"]
             results["real"].append(one_round(root, seeded, args))
             results["replay"].append(replay_round(root, seeded, args))
     if args.repeats > 1:
