@@ -167,9 +167,10 @@ class RewardRunner:
         """Start every worker before scoring, so a reward whose module fails to import fails here, not mid-run."""
         with self._lock:
             missing = self.workers - len(self._idle) - len(self._busy)
-        started = [self._new_worker() for _ in range(missing)]
-        with self._lock:
-            self._idle.extend(started)
+        for _ in range(missing):  # each one idle as soon as it is up, so close() stops it if a later one fails
+            worker = self._new_worker()
+            with self._lock:
+                self._idle.append(worker)
 
     async def score(self, prompt: str, completion: str, data: dict[str, Any]) -> float:
         """The reward for one completion; 0.0 (counted and logged) when the reward fails."""
