@@ -165,6 +165,16 @@ def test_engine_args_pass_any_vllm_flag_through(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- servers
 
 
+def test_a_cpu_server_runs_its_worker_in_the_engine_core_process(servers: dict[str, Served]) -> None:
+    """Threads unbound (the default), no worker process of its own: vLLM imports twice, not three times."""
+    import psutil  # vLLM's own dependency
+
+    for served in servers.values():
+        (handle,) = served.engine.server_handles()
+        names = [child.name() for child in psutil.Process(handle.pid).children(recursive=True)]
+        assert "VLLM::EngineCore" in names and not any(name.startswith("VLLM::Worker") for name in names), names
+
+
 def test_greedy_equals_transformers(served: Served) -> None:
     responses = generate_all(served.engine, [greedy_request(p, 32) for p in PROMPTS])
     assert [r.output_ids for r in responses] == [hf_greedy(served.model, p, 32) for p in PROMPTS]
