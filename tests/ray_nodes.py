@@ -53,8 +53,8 @@ NODE_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-
 
 def worker_ports(ip: str) -> list[str]:
     """The worker ports of the node at 127.0.0.N, 500 of its own from 30000 + 500 * (N - 2): clear of
-    Ray's default range (10002-19999, .ci/run's one-node cluster), .ci/run's two-node cluster
-    (20002-25999) and the ephemeral ports (32768 on)."""
+    Ray's default range (10002-19999, which head nodes use), a range a cluster started by hand may
+    use (20002-25999) and the ephemeral ports (32768 on)."""
     first = 30000 + 500 * (int(ip.rsplit(".", 1)[1]) - 2)
     assert 30000 <= first and first + 499 < 32768, f"no worker port range for a node at {ip}"
     return [f"--min-worker-port={first}", f"--max-worker-port={first + 499}"]

@@ -1,7 +1,7 @@
 """The ray scheduler against a real local Ray cluster: processes, placement groups, the quickstart.
 
-With ``RAY_ADDRESS`` set (CI starts ``ray start --head`` first) the tests use that cluster;
-otherwise a module fixture starts a private head node (its own temp dir and ports, every process
+With ``RAY_ADDRESS`` set the tests use that cluster; otherwise (as in CI) a module fixture starts a
+private head node (its own temp dir and ports, every process
 marked) and stops exactly those processes afterwards.
 """
 
