@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
     python bench/async_vs_sync.py [--steps 40] [--staleness 2] [--pause-mode abort|keep] [--repeats 3]
-        [--first-seed 3] [--keep DIR]
+        [--first-seed 3] [--sync-twin] [--keep DIR]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -32,7 +32,11 @@ generation) and its largest idle gaps, from its timeline (``areal timeline``). W
 both parts run N times (part 2 replays part 1's recording of the same repeat) and the min, median
 and max of the speed-up, of the % of bound and of part 1's final rewards (and of the paired gap of
 the final models' rewards, async - sync) close the output; the repeats run with seeds 3, 4, 5, ...
-(``--first-seed`` moves the start), so the synchronous run's rewards have a spread too. ``--keep DIR`` keeps the run directories
+(``--first-seed`` moves the start), so the synchronous run's rewards have a spread too. A seed
+fixes the model's init, the data order and the sampling, so the synchronous run repeats exactly:
+``--sync-twin`` runs it once more in part 1 with only the sampling seeds moved, and prints that
+twin's model reward and its gap to the first (the gap that sampling alone makes, to hold the
+async - sync gap against). ``--keep DIR`` keeps the run directories
 (timelines included) under DIR. ``--pause-mode`` is ``rollout.pause_mode``: what weight updates do
 to requests in flight (the replay engine freezes held requests as a real server does).
 """
@@ -49,8 +53,9 @@ import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 from ideal_pipe import ideal_async_median
 from policy_eval import sampled_reward
 from replay_engine import ReplayLatencyEngine, recorded
@@ -74,8 +79,12 @@ class RecordingHFEngine(HFEngine):
     """The real hf engine, recording each request's latency and length for the replay."""
 
     name = "hf-recording"
+    #: Added to every request's sampling seed (``--sync-twin``): other samples, all else the same.
+    seed_shift: ClassVar[int] = 0
 
     async def agenerate_group(self, requests: Sequence[GenerationRequest]) -> list[GenerationResponse]:
+        if self.seed_shift:
+            requests = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, seed=r.sampling.seed + self.seed_shift)) for r in requests]
         responses = await super().agenerate_group(requests)  # agenerate comes here too
         RECORDED.extend((r.latency, len(r.output_ids)) for r in responses)
         return responses
@@ -122,16 +131,31 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
     return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
 
 
+def sync_twin(root: Path, common: list[str]) -> float:
+    """The real synchronous run again with other sampling seeds; its final model's reward. Its
+    requests are not recorded for the replay."""
+    recorded = len(RECORDED)
+    RecordingHFEngine.seed_shift = 1_000_003
+    try:
+        twin = run_job(root, "hf-sync-twin", [*common, "rollout.max_head_offpolicyness=0"], score_policy=True)
+    finally:
+        RecordingHFEngine.seed_shift = 0
+        del RECORDED[recorded:]
+    return twin["policy_reward"]
+
+
 def compare(
     label: str, slug: str, root: Path, common: list[str], staleness: int, pipe_gen_s: float | None,
-    steps: int = 0,
+    steps: int = 0, twin: bool = False,
 ) -> dict[str, float]:
     """Run sync and async; ``pipe_gen_s`` is the rollout side's time when never blocked (None: the
     synchronous generation time, i.e. the plain overlap bound, and a real model whose rewards
-    count). Returns the speed-up and % of bound, the final rewards where they count, and with
-    ``steps`` (replay part) the % of the staleness rules' own bound (:mod:`ideal_pipe`)."""
+    count). Returns the speed-up and % of bound, the final rewards where they count (with ``twin``,
+    also a synchronous twin's: :func:`sync_twin`), and with ``steps`` (replay part) the % of the
+    staleness rules' own bound (:mod:`ideal_pipe`)."""
     real = pipe_gen_s is None
     sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"], real)
+    twin_reward = sync_twin(root, common) if twin else None
     asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"], real)
     gen = sync["gen"] if real else pipe_gen_s
     bound = sync["loop"] / max(gen, sync["train"])
@@ -144,6 +168,8 @@ def compare(
     if real:
         print(f"{'final model reward':26}{sync['policy_reward']:>12.3f}{asyn['policy_reward']:>14.3f}"
               f"   ({POLICY_SAMPLES} sampled completions per item: bench/policy_eval.py)")
+    if twin_reward is not None:
+        print(f"{'sync twin model reward':26}{twin_reward:>12.3f}   (the sync run with other sampling seeds)")
     print(f"{'sum gen wait / train s':26}{sync['gen']:>7.1f} /{sync['train']:>4.1f}{asyn['gen']:>9.1f} /{asyn['train']:>4.1f}")
     print(f"{'max version lag':26}{sync['max_lag']:>12.0f}{asyn['max_lag']:>14.0f}")
     kind = "overlap bound: sync wall / max(sum gen, sum train)" if real else (
@@ -156,6 +182,8 @@ def compare(
             "sync model reward": sync["policy_reward"], "async model reward": asyn["policy_reward"],
             "model reward a-s": asyn["policy_reward"] - sync["policy_reward"],
         })  # fmt: skip
+    if twin_reward is not None:
+        figures.update({"sync twin model reward": twin_reward, "model reward twin-s": twin_reward - sync["policy_reward"]})
     if steps:
         rules_s = ideal_async_median(
             steps=steps, train_s=sync["train"] / steps, episode_s=lambda rng: max(rng.choice(RECORDED)[0] for _ in range(N_SAMPLES)),
@@ -185,6 +213,7 @@ def main() -> None:
     parser.add_argument("--pause-mode", choices=("abort", "keep"), default="abort", help="rollout.pause_mode")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=3, help="seed of the first repeat; each next one adds 1")
+    parser.add_argument("--sync-twin", action="store_true", help="part 1 also runs sync with other sampling seeds")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories under this directory")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -214,14 +243,14 @@ def main() -> None:
         for part, rows in results.items():
             for what in rows[0]:
                 values = sorted(row[what] for row in rows)
-                print(f"{part:7} {what:18} {values[0]:8.3f} / {statistics.median(values):8.3f} / {values[-1]:8.3f}")
+                print(f"{part:7} {what:22} {values[0]:8.3f} / {statistics.median(values):8.3f} / {values[-1]:8.3f}")
 
 
 def one_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:
     """Part 1: the real engine, recording every request for part 2."""
     RECORDED.clear()
     return compare("real hf engine + FSDP2 worker (2 CPU cores shared)", "hf", root,
-                   [*common, "rollout.engine=hf-recording"], args.staleness, None)
+                   [*common, "rollout.engine=hf-recording"], args.staleness, None, twin=args.sync_twin)
 
 
 def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:
