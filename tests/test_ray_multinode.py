@@ -3,9 +3,9 @@
 Node 1 is the head (127.0.0.3: Ray replaces 127.0.0.1 by the machine's outward IP) with
 ``{"train": 1, "spot": 1}``, node 2 is a second raylet at 127.0.0.2 with ``{"rollout": 1}``.
 With servers on ``{"rollout": 1}`` and the trainer on ``{"train": 1}`` the server must land on
-node 2 and the trainer on node 1. With
-``AREAL_TEST_RAY_MULTINODE=HEAD:PORT`` (a cluster of that layout, started beforehand) the tests use
-that cluster; otherwise (as in CI) a module fixture starts one and stops it after the module. Tests that lose a node add a node of their own.
+node 2 and the trainer on node 1. With ``AREAL_TEST_RAY_MULTINODE=HEAD:PORT`` (a cluster of that
+layout, started beforehand) the tests use that cluster; otherwise (as in CI) a module fixture
+starts one and stops it after the module. Tests that lose a node add a node of their own.
 """
 
 from __future__ import annotations
