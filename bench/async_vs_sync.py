@@ -131,13 +131,13 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
     return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
 
 
-def sync_twin(root: Path, common: list[str]) -> float:
-    """The real synchronous run again with other sampling seeds; its final model's reward. Its
-    requests are not recorded for the replay."""
+def sync_twin(root: Path, sync_overrides: list[str]) -> float:
+    """The real synchronous run (``sync_overrides``) again with other sampling seeds; its final
+    model's reward. Its requests are not recorded for the replay."""
     recorded = len(RECORDED)
     RecordingHFEngine.seed_shift = 1_000_003
     try:
-        twin = run_job(root, "hf-sync-twin", [*common, "rollout.max_head_offpolicyness=0"], score_policy=True)
+        twin = run_job(root, "hf-sync-twin", sync_overrides, score_policy=True)
     finally:
         RecordingHFEngine.seed_shift = 0
         del RECORDED[recorded:]
@@ -154,8 +154,9 @@ def compare(
     also a synchronous twin's: :func:`sync_twin`), and with ``steps`` (replay part) the % of the
     staleness rules' own bound (:mod:`ideal_pipe`)."""
     real = pipe_gen_s is None
-    sync = run_job(root, f"{slug}-sync", [*common, "rollout.max_head_offpolicyness=0"], real)
-    twin_reward = sync_twin(root, common) if twin else None
+    sync_overrides = [*common, "rollout.max_head_offpolicyness=0"]
+    sync = run_job(root, f"{slug}-sync", sync_overrides, real)
+    twin_reward = sync_twin(root, sync_overrides) if twin else None
     asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"], real)
     gen = sync["gen"] if real else pipe_gen_s
     bound = sync["loop"] / max(gen, sync["train"])
