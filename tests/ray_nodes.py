@@ -53,8 +53,10 @@ NODE_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-
 
 def worker_ports(ip: str) -> list[str]:
     """The worker ports of the node at 127.0.0.N, 500 of its own from 30000 + 500 * (N - 2): clear of
-    Ray's default range (10002-19999, which head nodes use), a range a cluster started by hand may
-    use (20002-25999) and the ephemeral ports (32768 on)."""
+    Ray's default range (10002-19999, which other tests' private heads use, beside these nodes under
+    pytest-xdist), a range a cluster started by hand may use (20002-25999) and the ephemeral ports
+    (32768 on). A Ray worker on a node not at 127.0.0.1 listens on every address, so no two ranges
+    may overlap."""
     first = 30000 + 500 * (int(ip.rsplit(".", 1)[1]) - 2)
     assert 30000 <= first and first + 499 < 32768, f"no worker port range for a node at {ip}"
     return [f"--min-worker-port={first}", f"--max-worker-port={first + 499}"]
@@ -90,14 +92,14 @@ def _descendants(pids: list[int]) -> list[psutil.Process]:
 
 @contextlib.contextmanager
 def head(cpus: int, custom: dict[str, float]) -> Iterator[str]:
-    """A head node on :data:`HEAD_IP` (temp dir under /tmp, free ports) with its dashboard, which
-    takes ``ray job submit`` (``ray[default]``); yields its address."""
+    """A head node on :data:`HEAD_IP` (temp dir under /tmp, free ports, worker ports of its own) with
+    its dashboard, which takes ``ray job submit`` (``ray[default]``); yields its address."""
     temp_dir = tempfile.mkdtemp(prefix="ray-mn", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     mark = uuid.uuid4().hex
     ports = port_flags("--port", "--dashboard-port", "--ray-client-server-port", *NODE_PORT_FLAGS)
     address = f"{HEAD_IP}:{ports[0].split('=')[1]}"
     cmd = [*RAY_START, "--head", f"--node-ip-address={HEAD_IP}", f"--dashboard-host={HEAD_IP}",
-           f"--temp-dir={temp_dir}", *ports, *resources(cpus, custom)]
+           f"--temp-dir={temp_dir}", *ports, *worker_ports(HEAD_IP), *resources(cpus, custom)]
     try:
         started = subprocess.run(cmd, check=False, env={**os.environ, **HEAD_ENV, MARK: mark}, capture_output=True, text=True,
                                  timeout=180)
