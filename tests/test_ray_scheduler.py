@@ -23,9 +23,9 @@ from pathlib import Path
 import attrs
 import pytest
 from quickstart_runs import (
-    LAUNCHER, MARK, assert_same_params, cmdline, kill_marked, marked_pids, rewards, run_args, start, wait_until,
+    LAUNCHER, MARK, assert_same_params, cmdline, marked_pids, rewards, run_args, start, wait_until,
 )
-from ray_nodes import port_flags
+from ray_nodes import port_flags, stop_marked
 
 from areal_core.config import Config, load_config
 from areal_core.api.errors import ArealError, ConfigError
@@ -53,15 +53,7 @@ def private_head(*resources: str) -> Iterator[str]:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield (Path(temp_dir) / "ray_current_cluster").read_text().strip()
     finally:
-        for pid in marked_pids(mark):  # this head's processes only: `ray stop` would stop every cluster here
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while marked_pids(mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        kill_marked(mark)  # what ignored SIGTERM
+        stop_marked(mark)  # this head's processes only: `ray stop` would stop every cluster here
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
