@@ -67,8 +67,8 @@ def resources(cpus: int, custom: dict[str, float]) -> list[str]:
 
 def stop_marked(mark: str) -> None:
     """SIGKILL every process carrying ``mark``, then the unmarked descendants they had (Ray starts
-    its agents with a clean environment). A test's cluster has nothing to save, and on SIGTERM Ray's
-    gcs_server, raylet and agents were still running 6 s later: every stop waited out a 10 s grace."""
+    its agents with a clean environment). A test's cluster has nothing to save, and Ray's gcs_server,
+    raylet and agents outlive a SIGTERM by seconds (still running 6 s after it, on this machine)."""
     unmarked = _descendants(marked_pids(mark))
     kill_marked(mark)
     for proc in unmarked:
