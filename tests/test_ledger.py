@@ -12,7 +12,7 @@ from rollout_doubles import ScriptedEngine
 from test_rollout_controller import GroupWorkflow, _bump, _controller, _items
 
 from areal_core.rollout.dataloader import PromptLoader
-from areal_core.rollout.ledger import EPISODE_UID, Ledger, audit, episode_uid, read_ledger
+from areal_core.rollout.ledger import EPISODE_UID, Ledger, audit, episode_uid, json_value, read_ledger
 
 
 def test_events_are_appended_flushed_and_survive_a_reopen(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_events_are_appended_flushed_and_survive_a_reopen(tmp_path: Path) -> Non
     first.record("late", uid="x")  # after close: dropped, not an error
     with Ledger(path) as second:  # a restarted controller appends
         second.record("consumed", uid="0:a", version=0)
-        second.record_each("consumed", "uid", ['0:"b"\n', "0:c"], version=1)  # quoted and escaped
+        second.record_each("consumed", "uid", map(json_value, ['0:"b"\n', "0:c"]), version=1)  # quoted and escaped
     with path.open("a") as f:
         f.write('{"event": "torn')  # a writer killed mid-line
     rows = read_ledger(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 from hypothesis import settings, strategies as st, target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -51,11 +53,12 @@ class TrainerAndRollouts(RuleBasedStateMachine):
     @precondition(lambda self: self.m.ready >= self.m.batch_size)
     @rule()
     def train_step(self):
-        chosen = self.m.select(self.m.batch_size)
-        assert chosen == select_by_sorting(self.m, self.ready, self.running, self.m.batch_size)
+        taken = self.m.select(self.m.batch_size)
+        chosen = select_by_sorting(self.m, self.ready, self.running, self.m.batch_size)
+        assert taken == (None if chosen is None else dict(collections.Counter(t.version for t in chosen)))
         if chosen is None:
             return
-        self.m.consume(chosen)
+        self.m.consume(taken)
         self.ready = [t for t in self.ready if t not in chosen]
         eta = self.m.max_head_offpolicyness
         for ticket in chosen:
@@ -95,9 +98,10 @@ class TrainerAndRollouts(RuleBasedStateMachine):
 
 
 def select_by_sorting(m: StalenessManager, ready: list, running: list, n: int) -> list | None:
-    """The selection rule read literally, one ticket at a time (what select() computes from counts):
-    the n earliest deadlines (then serials); None if the k-th earliest deadline left over, running
-    ones included, finds fewer than k batch slots up to it while a running episode could still help."""
+    """The selection rule read literally, one ticket at a time (what select() counts per start
+    version): the n earliest deadlines (then serials); None if the k-th earliest deadline left
+    over, running ones included, finds fewer than k batch slots up to it while a running episode
+    could still help."""
     if len(ready) < n:
         return None
     deadline = lambda t: t.version + m.max_head_offpolicyness  # noqa: E731
@@ -141,14 +145,14 @@ def test_long_running_episode_makes_the_batch_wait():
     m = _manager(batch_size=1, max_head_offpolicyness=1)
     slow, fast = m.submit(), m.submit()
     m.accept(fast)
-    assert m.select(1) == [fast]  # version 0: slow may still be consumed at version 1
-    m.consume([fast])
+    assert m.select(1) == {0: 1}  # version 0: slow may still be consumed at version 1
+    m.consume({0: 1})
     m.set_version(1)
     newer = m.submit()
     m.accept(newer)
     assert m.select(1) is None  # taking `newer` would push `slow` past its deadline
     m.accept(slow)
-    assert m.select(1) == [slow]
+    assert m.select(1) == {slow.version: 1}  # not `newer`, which started at version 1
     assert m.version - slow.version == 1  # the bound is reached, not exceeded
 
 
@@ -161,7 +165,7 @@ def test_synchronous_when_bound_is_zero():
     m.reject(first[1])  # a rejection lets exactly one replacement start at the same version
     replacement = m.submit()
     m.accept(replacement)
-    assert {t.version for t in m.select(2)} == {0}
+    assert m.select(2) == {0: 2}
 
 
 def test_resume_recovers_version_and_capacity():

@@ -28,7 +28,7 @@ from areal_core.config import Config
 from areal_core.api.engine import InferenceEngine, SupportsKeepPause
 from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.rollout.failures import FailureRateError, FailureTracker, short_reason
-from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid
+from areal_core.rollout.ledger import EPISODE_UID, Ledger, episode_uid, json_value
 from areal_core.rollout.staleness import StalenessManager, Ticket
 from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline
@@ -38,8 +38,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _NO_TOKENS_VERSION = sys.maxsize  # the "oldest version" of an episode without generated tokens
 # taking a batch maps these over thousands of episodes on the trainer's thread: C calls, not Python ones
-_SERIAL = operator.attrgetter("serial")
-_UID = operator.attrgetter("uid")
+_LEDGER_UID = operator.attrgetter("ledger_uid")
 _TRAJECTORIES = operator.attrgetter("trajectories")
 _TOKEN_VERSIONS = operator.attrgetter("token_versions")
 
@@ -68,7 +67,7 @@ class _Episode:
 
     data: dict[str, Any]
     trajectories: list[Trajectory]
-    uid: str  # its ledger uid
+    ledger_uid: str  # its ledger uid, JSON-encoded (:func:`~areal_core.rollout.ledger.json_value`)
     #: its generated tokens: how many, the sum of their producing versions and the oldest version
     #: (``_NO_TOKENS_VERSION`` when none); a batch's lags add these up
     token_versions: tuple[int, int, int]
@@ -99,7 +98,8 @@ class RolloutRunner:
         self._cond = threading.Condition(threading.RLock())
         self._queue: collections.deque[tuple[dict[str, Any], Workflow]] = collections.deque()
         self._running: dict[int, dict[str, Any]] = {}
-        self._ready: dict[int, _Episode] = {}
+        #: accepted episodes by start version, each list in the order they finished
+        self._ready: dict[int, list[_Episode]] = {}
         self._stats = RolloutStats()
         self._paused = False
         self._aborted = 0  # episodes whose generation a pause interrupted (cumulative)
@@ -224,9 +224,9 @@ class RolloutRunner:
         except Exception as exc:  # a workflow bug or a failed request must not stop the loop
             logger.debug("workflow %s failed on prompt id=%r", _name(workflow), data.get("id"), exc_info=True)
             episode, outcome, reason = None, "failed", short_reason(exc)
-        # counted here, one episode at a time: a batch of thousands counted at once held the GIL for
+        # worked out here, one episode at a time: a batch of thousands done at once held the GIL for
         # a long stretch, and the loop's requests waited behind it
-        token_versions = _token_versions(episode or [])
+        token_versions, ledger_uid = _token_versions(episode or []), json_value(uid)
         self.failures.record(reason)
         if reason is not None:
             try:
@@ -237,7 +237,7 @@ class RolloutRunner:
             del self._running[ticket.serial]
             if episode is not None:
                 self.staleness.accept(ticket)
-                self._ready[ticket.serial] = _Episode(data, episode, uid, token_versions)
+                self._ready.setdefault(ticket.version, []).append(_Episode(data, episode, ledger_uid, token_versions))
             else:
                 self.staleness.reject(ticket)
             if outcome == "failed" and self._attempts.get(uid, 0) < self.episode_retries:
@@ -331,8 +331,8 @@ class RolloutRunner:
                     if self._source_error is not None:
                         error, self._source_error = self._source_error, None
                         raise error
-                    chosen = self.staleness.select(n)
-                    if chosen is not None:
+                    taken = self.staleness.select(n)
+                    if taken is not None:
                         break
                     if self._thread is None or not self._thread.is_alive():
                         raise RuntimeError("the rollout controller is not running; call start() first")
@@ -346,19 +346,30 @@ class RolloutRunner:
                     self._cond.wait(remaining)
             finally:
                 self._want = 0
-            episodes = list(map(self._ready.pop, map(_SERIAL, chosen)))
+            parts = [self._take_ready(start_version, count) for start_version, count in taken.items()]
             version = self.staleness.version
-            self.staleness.consume(chosen)
-            self._stats.consumed += len(chosen)
+            self.staleness.consume(taken)
+            self._stats.consumed += n
             self._gauge()
         # the rest holds no lock: at thousands of episodes it takes a while, and the loop goes on
+        episodes = list(itertools.chain.from_iterable(parts))
         if self.ledger is not None:
-            self.ledger.record_each("consumed", "uid", map(_UID, episodes), version=version)
+            self.ledger.record_each("consumed", "uid", map(_LEDGER_UID, episodes), version=version)
         batch = list(itertools.chain.from_iterable(map(_TRAJECTORIES, episodes)))
         max_lag, mean_lag = _lags(list(map(_TOKEN_VERSIONS, episodes)), version)
         with self._cond:
             self._stats.batch_max_lag, self._stats.batch_mean_lag = max_lag, mean_lag
         return batch
+
+    def _take_ready(self, start_version: int, count: int) -> list[_Episode]:
+        """The first ``count`` ready episodes that started at ``start_version``. Called under the
+        lock, which the loop waits on: list slices, not a step per episode."""
+        group = self._ready[start_version]
+        if count == len(group):
+            return self._ready.pop(start_version)
+        taken = group[:count]
+        del group[:count]
+        return taken
 
     # ------------------------------------------------------------------ weight updates
 
@@ -408,7 +419,8 @@ class RolloutRunner:
     def in_flight(self) -> list[dict[str, Any]]:
         """Dataset items taken but not yet consumed (queued, running or ready): a checkpoint keeps them."""
         with self._cond:
-            return [d for d, _ in self._queue] + list(self._running.values()) + [e.data for e in self._ready.values()]
+            ready = [e.data for group in self._ready.values() for e in group]
+            return [d for d, _ in self._queue] + list(self._running.values()) + ready
 
     def _gauge(self) -> None:
         """Record the concurrency on the timeline when it changed (call under the lock).

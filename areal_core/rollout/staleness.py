@@ -7,20 +7,18 @@ and ``running < max_concurrent``. An episode started at version ``s`` must be co
 taken at version ``<= s + eta`` (its *deadline*). :meth:`StalenessManager.select` takes finished
 episodes earliest-deadline first and waits (returns ``None``) while a still-running episode could
 otherwise miss its deadline, so with one batch per version no consumed episode lags by more than
-``eta`` (``eta = 0`` is synchronous training).
+``eta`` (``eta = 0`` is synchronous training). Episodes that started at the same version share a
+deadline, so a selection is a count per start version; which of them a batch takes is the
+caller's choice (the rollout runner takes them in the order they finished).
 """
 
 from __future__ import annotations
 
 import collections
-import operator
 
 import attrs
 
 from areal_core.config import RolloutConfig
-
-
-_VERSION = operator.attrgetter("version")
 
 
 @attrs.frozen
@@ -34,9 +32,9 @@ class Ticket:
 class StalenessManager:
     """Single-threaded bookkeeping; the rollout runner serialises calls under its lock.
 
-    Tickets are numbered in start order and the version never goes back, so serial order is
-    deadline order, and :meth:`select` decides from counts of episodes per start version (kept as
-    they change) instead of sorting thousands of tickets under the runner's lock at every wake-up.
+    Ready episodes are kept as counts per start version: :meth:`select` and :meth:`consume` cost
+    one step per version, not per episode, under the runner's lock, which the rollout loop waits
+    on (a batch takes thousands of episodes).
     """
 
     def __init__(
@@ -63,7 +61,6 @@ class StalenessManager:
         self.rejected = 0
         self._serial = 0
         self._running: dict[int, Ticket] = {}
-        self._ready: dict[int, Ticket] = {}
         self._running_by_version: collections.Counter[int] = collections.Counter()
         self._ready_by_version: collections.Counter[int] = collections.Counter()
 
@@ -83,7 +80,7 @@ class StalenessManager:
     @property
     def ready(self) -> int:
         """Accepted episodes not yet consumed by a batch."""
-        return len(self._ready)
+        return self.accepted - self.consumed
 
     def window(self) -> int:
         """Episodes not yet consumed that the current version admits (ready and running included)."""
@@ -104,7 +101,7 @@ class StalenessManager:
         return ticket
 
     def accept(self, ticket: Ticket) -> None:
-        self._ready[ticket.serial] = self._running.pop(ticket.serial)
+        del self._running[ticket.serial]
         _decrement(self._running_by_version, ticket.version)
         self._ready_by_version[ticket.version] += 1
         self.accepted += 1
@@ -115,28 +112,32 @@ class StalenessManager:
         _decrement(self._running_by_version, ticket.version)
         self.rejected += 1
 
-    def select(self, n: int) -> list[Ticket] | None:
-        """The ``n`` ready episodes a batch at the current version should take, or None to wait.
+    def select(self, n: int) -> dict[int, int] | None:
+        """How many ready episodes of each start version (oldest first) a batch of ``n`` at the
+        current version should take, or None to wait.
 
         Takes earliest deadlines first, then checks that the episodes left over (running ones
         included, as they may still be accepted) fit the ``B`` slots of each later version up to
         their deadlines; a deadline that no running episode shares cannot improve by waiting.
         """
-        if len(self._ready) < n:
+        if self.ready < n:
             return None
-        if self._running_by_version and not self._leftovers_fit(n):
-            return None
-        return [self._ready[serial] for serial in sorted(self._ready)[:n]]
-
-    def _leftovers_fit(self, n: int) -> bool:
-        """Whether the episodes a batch of the ``n`` earliest leaves over (running ones included)
-        fit the ``B`` slots of each later version up to their deadlines, where waiting could help:
-        counted per start version, the k-th earliest deadline needs k slots."""
+        taken: dict[int, int] = {}
         left, to_take = self._ready_by_version.copy(), n
         for version in sorted(left):
-            taken = min(to_take, left[version])
-            left[version] -= taken
-            to_take -= taken
+            if not to_take:
+                break
+            taken[version] = min(to_take, left[version])
+            left[version] -= taken[version]
+            to_take -= taken[version]
+        if self._running_by_version and not self._leftovers_fit(left):
+            return None
+        return taken
+
+    def _leftovers_fit(self, left: collections.Counter[int]) -> bool:
+        """Whether the ready episodes ``left`` over by a batch, and the running ones, fit the ``B``
+        slots of each later version up to their deadlines, where waiting could help: counted per
+        start version, the k-th earliest deadline needs k slots."""
         earliest_running = min(self._running_by_version)
         waiting, count = left + self._running_by_version, 0
         for version in sorted(waiting):
@@ -146,12 +147,10 @@ class StalenessManager:
                 return False
         return True
 
-    def consume(self, tickets: list[Ticket]) -> None:
-        for ticket in tickets:
-            del self._ready[ticket.serial]
-        # counted per version at once: thousands of tickets, on the trainer's thread, under the runner's lock
-        self._ready_by_version -= collections.Counter(map(_VERSION, tickets))  # drops the versions at 0
-        self.consumed += len(tickets)
+    def consume(self, taken: dict[int, int]) -> None:
+        """A batch took ``taken`` (a :meth:`select` result): that many ready episodes per start version."""
+        self._ready_by_version -= collections.Counter(taken)  # drops the versions at 0
+        self.consumed += sum(taken.values())
 
     def set_version(self, version: int) -> None:
         if version < self.version:
@@ -166,7 +165,6 @@ class StalenessManager:
         self.version = int(state["version"])
         self.consumed = self.accepted = int(state["consumed"])
         self._running.clear()
-        self._ready.clear()
         self._running_by_version.clear()
         self._ready_by_version.clear()
 
