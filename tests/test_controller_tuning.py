@@ -10,14 +10,18 @@ import time
 import weakref
 
 import pytest
+from hypothesis import given, strategies as st
 
 from areal_core.controller_tuning import (
     _GcClock,
     SWITCH_INTERVAL_S,
+    YOUNG_GC_MIN_PERIOD_S,
+    YOUNG_GC_PAUSE_S,
     YOUNG_GC_PERIOD_S,
     collect_all_soon,
     controller_tuning,
     free_in_turns,
+    young_gc_period,
 )
 from areal_core.testing import wait_for
 
@@ -58,6 +62,17 @@ def test_old_cycles_are_collected_when_a_weight_update_asks() -> None:
         assert alive() is not None  # young collections leave the old generation alone
         collect_all_soon()
         wait_for(lambda: alive() is None, "the full collection to free an old cycle", timeout=30)
+
+
+@given(st.floats(0.0, 10.0))
+def test_a_slow_young_collection_brings_the_next_one_forward(took_s: float) -> None:
+    period = young_gc_period(took_s)
+    assert YOUNG_GC_MIN_PERIOD_S <= period <= YOUNG_GC_PERIOD_S
+    assert young_gc_period(2 * took_s) <= period  # the slower, the sooner
+    if took_s <= YOUNG_GC_PAUSE_S:
+        assert period == YOUNG_GC_PERIOD_S
+    elif period > YOUNG_GC_MIN_PERIOD_S:  # in proportion: about YOUNG_GC_PAUSE_S of GC per period
+        assert took_s * period / YOUNG_GC_PERIOD_S == pytest.approx(YOUNG_GC_PAUSE_S)
 
 
 def _in_old_generation(obj: object) -> bool:
