@@ -104,10 +104,9 @@ class _GcClock:
 def young_gc_period(took_s: float, period_s: float = YOUNG_GC_PERIOD_S) -> float:
     """Seconds to the next young collection after one that took ``took_s``: ``period_s``, or
     shorter in proportion where it took longer than ``YOUNG_GC_PAUSE_S`` (down to
-    ``YOUNG_GC_MIN_PERIOD_S``), so each stays about that short. At 8,192 episodes in flight with
-    ``rollout.pause_mode: abort``, the 32,768 requests sent again at ``resume`` made every young
-    collection of the next 0.4 s take 7 to 13 ms at a fixed 10 ms period; brought forward, 2.5 to
-    7 ms, with less GC time in all (bench/controller_scale.py; docs/scale-out.md)."""
+    ``YOUNG_GC_MIN_PERIOD_S``), so each stays about that short: right after an abort pause's
+    ``resume`` re-sends thousands of requests, 10 ms of new objects took 7 to 13 ms to collect
+    (docs/scale-out.md)."""
     return min(period_s, max(YOUNG_GC_MIN_PERIOD_S, period_s * YOUNG_GC_PAUSE_S / max(took_s, 1e-9)))
 
 
