@@ -23,9 +23,11 @@ from hypothesis import strategies as st
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec
 from areal_core.api.engine import GenerationRequest, SamplingParams
+from areal_core.api.wire import GenerateBody
 from areal_core.api.http_engine import Router
 from areal_core.api.errors import ArealError
 from areal_core.builtin.engine_hf.client import HFEngine
+from areal_core.builtin.engine_hf import generator
 from areal_core.builtin.engine_hf.generator import sample
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.api.scheduler import free_port
@@ -180,6 +182,33 @@ def test_sample_greedy_top_p_and_logprobs() -> None:
 
 
 @pytest.mark.slow
+def test_a_wave_decodes_on_until_half_empty_before_newcomers_join(
+    base_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill costs several decode steps: a wave of 4 whose rows end one per step is re-formed
+    with the waiting requests only once 2 rows are left, not as soon as the first one ends."""
+    calls: list[str] = []
+    for name in ("prefill", "step"):
+        original = getattr(generator._Batch, name)
+
+        def logged(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
+            calls.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(generator._Batch, name, logged)
+    gen = generator.Generator(perturbed_model(base_model, seed=0), eos_ids=frozenset(), pad_id=0, max_batch_size=4, seed=0)
+
+    async def run() -> list[int]:
+        server = asyncio.create_task(gen.serve_forever())
+        bodies = [GenerateBody(rid=f"r{n}", input_ids=[3, 4, 5], max_new_tokens=n, greedy=True) for n in (1, 2, 3, 4, 4, 4, 4, 4)]
+        results = await gen.generate_many(bodies)
+        server.cancel()
+        return [len(r.output_ids) for r in results]
+
+    assert asyncio.run(run()) == [1, 2, 3, 4, 4, 4, 4, 4]
+    assert calls[:3] == ["prefill", "step", "prefill"]  # 4 rows, then 3 decode on, then 2 rejoin
+
+
 def test_sampled_logprobs_match_a_transformers_forward(served: Served) -> None:
     temperature = 0.7
     requests = [

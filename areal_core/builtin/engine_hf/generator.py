@@ -2,10 +2,11 @@
 
 A scheduler coroutine takes up to ``max_batch_size`` queued requests, left-pads them into one
 batch (attention mask + position ids + a transformers ``DynamicCache``) and decodes them step
-by step; finished rows leave the batch. Once as many requests wait as are still running, the
-wave ends and its unfinished requests go back to the head of the queue, to be prefilled again
-(prompt + output so far) together with the new ones. Model work runs on one executor thread, so
-weight swaps queued on it land between decode steps. ``pause`` stops a running wave at the next
+by step; finished rows leave the batch. Once the wave is down to half of ``max_batch_size`` or
+fewer and at least as many requests wait as still run, it ends and its unfinished requests go back
+to the head of the queue, to be prefilled again (prompt + output so far) together with the new
+ones: a prefill costs several decode steps, so a wave is not re-formed each time a row ends.
+Model work runs on one executor thread, so weight swaps queued on it land between decode steps. ``pause`` stops a running wave at the next
 step (its requests end with stop reason "abort") and holds the queue; ``pause(keep=True)`` holds the
 wave there instead, KV cache and all, and it decodes on (on whatever weights are loaded by then)
 after ``resume``.
@@ -269,7 +270,7 @@ class Generator:
                     keep.append(row)
             if not keep:
                 return
-            if len(self._queue) >= len(keep) and len(keep) < self.max_batch_size:
+            if len(self._queue) >= len(keep) and 2 * len(keep) <= self.max_batch_size:
                 self._queue.extendleft(reversed([wave[row] for row in keep]))  # rejoin with the newcomers
                 return
             if len(keep) < len(wave):
