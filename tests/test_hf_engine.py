@@ -178,10 +178,6 @@ def test_sample_greedy_top_p_and_logprobs() -> None:
     assert set(nucleus.tolist()) == {1, 2}  # p = .64, .24 | .09, .03: the 0.7 nucleus is {1, 2}
 
 
-# --------------------------------------------------------------------------- one server
-
-
-@pytest.mark.slow
 def test_a_wave_decodes_on_until_half_empty_before_newcomers_join(
     base_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +205,10 @@ def test_a_wave_decodes_on_until_half_empty_before_newcomers_join(
     assert calls[:3] == ["prefill", "step", "prefill"]  # 4 rows, then 3 decode on, then 2 rejoin
 
 
+# --------------------------------------------------------------------------- one server
+
+
+@pytest.mark.slow
 def test_sampled_logprobs_match_a_transformers_forward(served: Served) -> None:
     temperature = 0.7
     requests = [

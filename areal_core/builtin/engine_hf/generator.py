@@ -6,10 +6,10 @@ by step; finished rows leave the batch. Once the wave is down to half of ``max_b
 fewer and at least as many requests wait as still run, it ends and its unfinished requests go back
 to the head of the queue, to be prefilled again (prompt + output so far) together with the new
 ones: a prefill costs several decode steps, so a wave is not re-formed each time a row ends.
-Model work runs on one executor thread, so weight swaps queued on it land between decode steps. ``pause`` stops a running wave at the next
-step (its requests end with stop reason "abort") and holds the queue; ``pause(keep=True)`` holds the
-wave there instead, KV cache and all, and it decodes on (on whatever weights are loaded by then)
-after ``resume``.
+Model work runs on one executor thread, so weight swaps queued on it land between decode steps.
+``pause`` stops a running wave at the next step (its requests end with stop reason "abort") and
+holds the queue; ``pause(keep=True)`` holds the wave there instead, KV cache and all, and it
+decodes on (on whatever weights are loaded by then) after ``resume``.
 """
 
 from __future__ import annotations
