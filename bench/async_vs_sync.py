@@ -6,11 +6,14 @@
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
 long-tail workload (the quickstart's addition task with up to 24 new tokens: a random-init model
-stops only when it happens to emit end-of-sequence). Every request's latency and length are recorded.
+stops only when it happens to emit end-of-sequence). The synchronous run's requests are recorded
+(latency and length): there generation has the cores to itself and no pause interrupts a request.
 
-Part 2 repeats the comparison with ``ReplayLatencyEngine``, which replays the latencies and
-lengths recorded in part 1 instead of running a model, so the controller's overlap is measured
-without generation and training competing for the same 2 cores.
+Part 2 repeats the comparison with ``ReplayLatencyEngine``, which replays those latencies and
+lengths instead of running a model, so the controller's overlap is measured without generation
+and training competing for the same 2 cores. The asynchronous run's requests are not replayed:
+their latencies hold that competition and the cost of the pauses that interrupted them, which the
+replay engine's own pauses would then charge a second time.
 
 Each part prints wall time, tokens/s, final reward, the ideal speed-up and how close the
 asynchronous run comes to it. Part 1's final reward is shown twice: the mean of the last 5 training
@@ -44,6 +47,7 @@ to requests in flight (the replay engine freezes held requests as a real server 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -51,7 +55,7 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,7 +74,7 @@ from areal_core.trainer import Trainer
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
 POLICY_SAMPLES = 256  # completions per training item scored from each final model in part 1
-RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of every hf request in part 1
+RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of part 1's synchronous hf requests
 ReplayLatencyEngine.default_sampler = recorded(RECORDED)  # part 2 replays them
 REPLAY_ENGINES: list[ReplayLatencyEngine] = []  # every replay engine made, the last run's last
 
@@ -131,16 +135,25 @@ def episode_latency(n_samples: int, trials: int = 20000) -> float:
     return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
 
 
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Requests made inside are not kept for the replay."""
+    kept = len(RECORDED)
+    try:
+        yield
+    finally:
+        del RECORDED[kept:]
+
+
 def sync_twin(root: Path, sync_overrides: list[str]) -> float:
     """The real synchronous run (``sync_overrides``) again with other sampling seeds; its final
     model's reward. Its requests are not recorded for the replay."""
-    recorded = len(RECORDED)
     RecordingHFEngine.seed_shift = 1_000_003
     try:
-        twin = run_job(root, "hf-sync-twin", sync_overrides, score_policy=True)
+        with unrecorded():
+            twin = run_job(root, "hf-sync-twin", sync_overrides, score_policy=True)
     finally:
         RecordingHFEngine.seed_shift = 0
-        del RECORDED[recorded:]
     return twin["policy_reward"]
 
 
@@ -157,7 +170,8 @@ def compare(
     sync_overrides = [*common, "rollout.max_head_offpolicyness=0"]
     sync = run_job(root, f"{slug}-sync", sync_overrides, real)
     twin_reward = sync_twin(root, sync_overrides) if twin else None
-    asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"], real)
+    with unrecorded():  # only the synchronous run is replayed (see the module docstring)
+        asyn = run_job(root, f"{slug}-async", [*common, f"rollout.max_head_offpolicyness={staleness}"], real)
     gen = sync["gen"] if real else pipe_gen_s
     bound = sync["loop"] / max(gen, sync["train"])
     speedup = sync["loop"] / asyn["loop"]
@@ -258,7 +272,7 @@ def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dic
     """Part 2: the replay engine on part 1's recording."""
     lengths = sorted(n for _, n in RECORDED)
     lat = sorted(t for t, _ in RECORDED)
-    print(f"recorded {len(RECORDED)} requests: length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
+    print(f"recorded {len(RECORDED)} requests (the synchronous run's): length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
           f"max {lengths[-1]}; latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
     # A latency-only engine has no compute limit: with C episodes always in flight it yields
     # N episodes in N * E[episode latency] / C seconds.
