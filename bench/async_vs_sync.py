@@ -26,9 +26,8 @@ time is the synchronous run's measured wait (the plain overlap bound); for the r
 the time a never-blocked pipe of in-flight episodes needs, since asynchrony also stops waiting for
 stragglers. The staleness rules themselves block that pipe on a long tail, so the replay part also
 prints the rules' own bound: the same async run simulated with no cost but the recorded latencies
-and the synchronous run's train steps (``ideal_pipe.py``), and what the async run's abort pauses
-cost, which that bound does not charge: the requests they ended and the decoding lost (each one's
-token in progress).
+and the synchronous run's train steps (``ideal_pipe.py``), and how many running requests the
+async run's abort pauses ended and sent again.
 
 After each part it prints the asynchronous run's rollout waits (first batch, staleness deadline,
 generation) and its largest idle gaps, from its timeline (``areal timeline``). With ``--repeats N``
@@ -208,9 +207,8 @@ def compare(
         figures["% of rules' bound"] = rules_share = 100 * speedup / rules_bound
         print(f"the staleness rules' own bound {rules_bound:.2f}x (sync wall / {rules_s:.1f}s, the simulated async run with "
               f"no cost but latencies and train steps: bench/ideal_pipe.py)   async reaches {rules_share:.0f}% of it")
-        engine = REPLAY_ENGINES[-1]  # the async run's: an abort pause loses what the rules' bound does not charge
-        print(f"async run's aborts: {engine.aborted_segments} running requests ended by a pause, "
-              f"{engine.abort_lost_s:.1f}s of their decoding lost (the token in progress of each)")
+        engine = REPLAY_ENGINES[-1]  # the async run's
+        print(f"async run's aborts: {engine.aborted_segments} running requests ended by a pause and sent again")
     record = load(asyn["run_dir"])
     split = wait_breakdown(record)
     print(f"async rollout waits {split.pop('total'):.2f}s: " + ", ".join(f"{k} {v:.2f}s" for k, v in split.items()))

@@ -6,13 +6,18 @@ gate, segments re-submitted after a pause); only the server call is simulated: a
 evenly over that latency, and ``pause()`` aborts every running segment with the tokens produced so
 far, as a real server does; ``pause_keeping()`` freezes them instead until ``resume()`` (their
 tokens after it carry the new version), as a server holding requests through an update does.
-Servers have no compute limit: latency does not depend on load (the
-fleet is assumed sized for it). Segments end on one generation clock, which a keep pause stops,
-so holding and releasing thousands of requests costs the client's loop one timer, as a real
-server holds them in its own process (one timer per request, cancelled and set again, took 40 ms
-at a pause and 0.1 to 0.8 s at a resume with 15,000 running). Output ids cycle through 2..11;
-weight loads only change the version tag. Used by ``bench/async_vs_sync.py`` (recorded latencies) and
-``bench/controller_scale.py`` (lognormal latencies).
+An abort loses no decoding: the segment sent after ``resume()`` finishes the token that was in
+progress from where it stopped. The hf server does the same, its pause lands between decode steps
+and hands back every token computed; vLLM's engine core also pauses between steps, but with async
+scheduling a step in flight is dropped for the aborted requests (one decode step each), which
+this engine does not charge. What a real server pays beyond that is compute (prefilling prompt +
+output again after the abort), and these servers have no compute limit: latency does not depend
+on load (the fleet is assumed sized for it). Segments end on one generation clock, which a keep
+pause stops, so holding and releasing thousands of requests costs the client's loop one timer, as
+a real server holds them in its own process (one timer per request, cancelled and set again, took
+40 ms at a pause and 0.1 to 0.8 s at a resume with 15,000 running). Output ids cycle through
+2..11; weight loads only change the version tag. Used by ``bench/async_vs_sync.py`` (recorded
+latencies) and ``bench/controller_scale.py`` (lognormal latencies).
 """
 
 from __future__ import annotations
@@ -70,22 +75,25 @@ class _Running:
     start: float
     seconds: float
     tokens: int
+    carried: float = 0.0  # seconds of its first token an earlier, aborted segment already decoded
 
     @property
     def end(self) -> float:
         return self.start + self.seconds
 
+    def _progress(self, at: float) -> float:
+        """Tokens' worth decoded by generation time ``at``, the token in progress as a fraction."""
+        span = self.seconds + self.carried
+        return self.tokens if span <= 0 else self.tokens * min(1.0, (at - self.start + self.carried) / span)
+
     def produced(self, at: float) -> int:
         """Tokens out by generation time ``at`` (a token counts once its whole share of the latency has passed)."""
-        done = 1.0 if self.seconds <= 0 else min(1.0, (at - self.start) / self.seconds)
-        return math.floor(self.tokens * done)
+        return math.floor(self._progress(at))
 
-    def thrown_away(self, at: float) -> float:
-        """Generation seconds from the start to ``at`` that the tokens out by then do not account
-        for: what an abort at ``at`` loses (the token in progress)."""
-        at = min(at, self.end)  # past its end (its timer late), it is done: nothing lost
-        accounted = self.seconds * self.produced(at) / self.tokens if self.tokens else 0.0
-        return at - self.start - accounted
+    def in_progress(self, at: float) -> float:
+        """Seconds of the token in progress decoded by ``at``: what a segment sent after an abort carries."""
+        progress = self._progress(at)
+        return (progress - math.floor(progress)) * (self.seconds + self.carried) / self.tokens if self.tokens else 0.0
 
 
 class ReplayLatencyEngine(HTTPServerEngine):
@@ -102,7 +110,6 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.version = 0
         self.completed = 0  # requests answered in full
         self.aborted_segments = 0  # running segments an abort pause ended
-        self.abort_lost_s = 0.0  # their generation time that no token they handed back accounts for
         #: per request of a group no pause interrupted that started at or after ``added_since`` (loop
         #: time): wall time in ``agenerate_group`` minus the group's slowest simulated latency and
         #: minus the time generation was paused meanwhile
@@ -112,6 +119,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.by_seed: dict[int, float] = {}  # sampling seed -> simulated latency, for callers that pass seeds
         self._interrupted: set[str] = set()  # running request ids aborted by a pause at least once
         self._plans: dict[str, tuple[float, int]] = {}  # request id -> (latency, length) while it runs
+        self._carried: dict[str, float] = {}  # request id -> its token in progress at an abort (seconds decoded)
         self._loop: asyncio.AbstractEventLoop | None = None
         #: running segments by end (generation time), a serial to break ties; one loop timer, at the first
         self._due: list[tuple[float, int, _Running]] = []
@@ -141,6 +149,8 @@ class ReplayLatencyEngine(HTTPServerEngine):
             responses = await super().agenerate_group(requests)
         finally:
             plans = [self._plans.pop(r.request_id, None) for r in requests]
+            for r in requests:
+                self._carried.pop(r.request_id, None)
             interrupted = any(r.request_id in self._interrupted for r in requests)
             self._interrupted.difference_update(r.request_id for r in requests)
         self.completed += len(requests)
@@ -173,13 +183,15 @@ class ReplayLatencyEngine(HTTPServerEngine):
                 self.by_seed[request.sampling.seed] = plan[0]
         latency, length = plan[0], min(plan[1], request.sampling.max_new_tokens)
         left = max(0, length - len(generated))
-        seconds = latency * left / length if length else latency
-        run = _Running(loop.create_future(), self._generation_time(), seconds, left)
+        carried = self._carried.pop(rid, 0.0)
+        seconds = max(0.0, latency * left / length - carried) if length else latency
+        run = _Running(loop.create_future(), self._generation_time(), seconds, left, carried)
         heapq.heappush(self._due, (run.end, next(self._serials), run))
         self._arm()
-        tokens, reason = await run.future
+        tokens, reason, in_progress = await run.future
         if reason == "abort":
             self._interrupted.add(rid)
+            self._carried[rid] = in_progress
         return Segment(output_ids=_IDS[:tokens], logprobs=[-2.5] * tokens, versions=self._versions(run, tokens),
                        stop_reason=reason)
 
@@ -225,15 +237,15 @@ class ReplayLatencyEngine(HTTPServerEngine):
             self._timer = None
 
     def _abort_all(self) -> None:
-        """What a real server's pause route does: end every running segment with what it has."""
+        """What a real server's pause route does: end every running segment with what it has (its
+        token in progress goes on in the segment sent after the resume)."""
         self._pause_began()
         now = self._generation_time()
         self._stop_timer()
         for _, _, run in self._due:
             if not run.future.done():  # not cancelled by its client
                 self.aborted_segments += 1
-                self.abort_lost_s += run.thrown_away(now)
-            _finish(run.future, run.produced(now), "abort")
+            _finish(run.future, run.produced(now), "abort", run.in_progress(now))
         self._due.clear()
 
     def _freeze_all(self) -> None:
@@ -293,6 +305,6 @@ class ReplayLatencyEngine(HTTPServerEngine):
         self.version = version
 
 
-def _finish(future: asyncio.Future, tokens: int, reason: str) -> None:
+def _finish(future: asyncio.Future, tokens: int, reason: str, in_progress: float = 0.0) -> None:
     if not future.done():
-        future.set_result((tokens, reason))
+        future.set_result((tokens, reason, in_progress))
