@@ -7,13 +7,19 @@ Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
 long-tail workload (the quickstart's addition task with up to 24 new tokens: a random-init model
 stops only when it happens to emit end-of-sequence). The synchronous run's requests are recorded
-(latency and length): there generation has the cores to itself and no pause interrupts a request.
+(latency, length and the weight version that generated them): there generation has the cores to
+itself and no pause interrupts a request.
 
 Part 2 repeats the comparison with ``ReplayLatencyEngine``, which replays those latencies and
 lengths instead of running a model, so the controller's overlap is measured without generation
-and training competing for the same 2 cores. The asynchronous run's requests are not replayed:
-their latencies hold that competition and the cost of the pauses that interrupted them, which the
-replay engine's own pauses would then charge a second time.
+and training competing for the same 2 cores. A request draws from the requests recorded at the
+weight version it starts on: the policy's lengths drift as it trains (here they shrink: a step's
+slowest request fell from 0.11 s at version 0 to 0.03 s by version 39 in one recording), and draws
+from the whole run would put the first versions' stragglers in every step (that recording's
+synchronous replay then waited 3.8 s for generation instead of the real run's 1.8 s). The
+asynchronous run's requests are not replayed: their latencies hold that competition and the cost
+of the pauses that interrupted them, which the replay engine's own pauses would then charge a
+second time.
 
 Each part prints wall time, tokens/s, final reward, the ideal speed-up and how close the
 asynchronous run comes to it. Part 1's final reward is shown twice: the mean of the last 5 training
@@ -75,8 +81,8 @@ from areal_core.trainer import Trainer
 
 BATCH, N_SAMPLES, MAX_CONCURRENT = 8, 8, 24
 POLICY_SAMPLES = 256  # completions per training item scored from each final model in part 1
-RECORDED: list[tuple[float, int]] = []  # (latency s, output tokens) of part 1's synchronous hf requests
-ReplayLatencyEngine.default_sampler = recorded(RECORDED)  # part 2 replays them
+#: (latency s, output tokens, weight version) of part 1's synchronous hf requests: part 2 replays them
+RECORDED: list[tuple[float, int, int]] = []
 REPLAY_ENGINES: list[ReplayLatencyEngine] = []  # every replay engine made, the last run's last
 
 
@@ -91,7 +97,7 @@ class RecordingHFEngine(HFEngine):
         if self.seed_shift:
             requests = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, seed=r.sampling.seed + self.seed_shift)) for r in requests]
         responses = await super().agenerate_group(requests)  # agenerate comes here too
-        RECORDED.extend((r.latency, len(r.output_ids)) for r in responses)
+        RECORDED.extend((r.latency, len(r.output_ids), r.versions[0]) for r in responses)  # >= 1 token each
         return responses
 
 
@@ -130,10 +136,23 @@ def run_job(root: Path, trial: str, overrides: list[str], score_policy: bool) ->
     }
 
 
-def episode_latency(n_samples: int, trials: int = 20000) -> float:
-    """Expected latency of one episode (its slowest of ``n_samples`` requests) under the recording."""
+def by_version() -> dict[int, list[tuple[float, int]]]:
+    """The recording as ``(latency, length)`` pairs per weight version."""
+    pairs: dict[int, list[tuple[float, int]]] = {}
+    for latency, length, version in RECORDED:
+        pairs.setdefault(version, []).append((latency, length))
+    return pairs
+
+
+def episode_s(rng: random.Random, version: int) -> float:
+    """One episode's latency drawn from the recording: its slowest of ``N_SAMPLES`` requests."""
+    return max(ReplayLatencyEngine.default_sampler(rng, version)[0] for _ in range(N_SAMPLES))
+
+
+def episode_latency(versions: Sequence[int], trials: int = 2000) -> float:
+    """Expected latency of one episode under the recording, averaged over ``versions``."""
     rng = random.Random(0)
-    return sum(max(rng.choice(RECORDED)[0] for _ in range(n_samples)) for _ in range(trials)) / trials
+    return sum(episode_s(rng, version) for _ in range(trials) for version in versions) / (trials * len(versions))
 
 
 @contextlib.contextmanager
@@ -202,8 +221,7 @@ def compare(
         figures.update({"sync twin model reward": twin_reward, "model reward twin-s": twin_reward - sync["policy_reward"]})
     if steps:
         rules_s = ideal_async_median(
-            steps=steps, train_s=sync["train"] / steps, episode_s=lambda rng: max(rng.choice(RECORDED)[0] for _ in range(N_SAMPLES)),
-            batch_size=BATCH, staleness=staleness, max_concurrent=MAX_CONCURRENT,
+            steps=steps, train_s=sync["train"] / steps, episode_s=episode_s, batch_size=BATCH, staleness=staleness, max_concurrent=MAX_CONCURRENT,
         )
         rules_bound = sync["loop"] / rules_s
         figures["% of rules' bound"] = rules_share = 100 * speedup / rules_bound
@@ -270,14 +288,17 @@ def one_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[s
 
 def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:
     """Part 2: the replay engine on part 1's recording."""
-    lengths = sorted(n for _, n in RECORDED)
-    lat = sorted(t for t, _ in RECORDED)
-    print(f"recorded {len(RECORDED)} requests (the synchronous run's): length p50 {lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} "
-          f"max {lengths[-1]}; latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
+    lengths = sorted(n for _, n, _ in RECORDED)
+    lat = sorted(t for t, _, _ in RECORDED)
+    recording = by_version()
+    print(f"recorded {len(RECORDED)} requests (the synchronous run's) over {len(recording)} weight versions: length p50 "
+          f"{lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} max {lengths[-1]}; "
+          f"latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
+    ReplayLatencyEngine.default_sampler = recorded(recording)
     # A latency-only engine has no compute limit: with C episodes always in flight it yields
     # N episodes in N * E[episode latency] / C seconds.
     in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
-    pipe = args.steps * BATCH * episode_latency(N_SAMPLES) / in_flight
+    pipe = args.steps * BATCH * episode_latency(sorted(recording)) / in_flight
     return compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
                    [*common, "rollout.engine=replay-latency"], args.staleness, pipe, args.steps)
 

@@ -24,14 +24,15 @@ def ideal_async_seconds(
     *,
     steps: int,
     train_s: float,
-    episode_s: Callable[[random.Random], float],
+    episode_s: Callable[[random.Random, int], float],
     batch_size: int,
     staleness: int,
     max_concurrent: int,
     seed: int = 0,
 ) -> float:
-    """Seconds from start to the end of the last train step, each taking ``train_s``, when
-    episodes last ``episode_s(rng)`` and start the moment the rules let them."""
+    """Seconds from start to the end of the last train step, each taking ``train_s``, when an
+    episode started on weight version v lasts ``episode_s(rng, v)`` and episodes start the moment
+    the rules let them."""
     rng = random.Random(seed)
     manager = StalenessManager(batch_size=batch_size, max_head_offpolicyness=staleness, max_concurrent=max_concurrent)
     finishing: list[tuple[float, int, Ticket]] = []  # (end time, serial, ticket), earliest first
@@ -39,7 +40,7 @@ def ideal_async_seconds(
     def top_up(now: float) -> None:
         while manager.capacity() > 0:
             ticket = manager.submit()
-            heapq.heappush(finishing, (now + episode_s(rng), ticket.serial, ticket))
+            heapq.heappush(finishing, (now + episode_s(rng, ticket.version), ticket.serial, ticket))
 
     def accept_until(end: float) -> None:
         while finishing and finishing[0][0] <= end:

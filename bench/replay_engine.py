@@ -2,7 +2,8 @@
 
 The client half is the real :class:`~areal_core.api.http_engine.HTTPServerEngine` (router, pause
 gate, segments re-submitted after a pause); only the server call is simulated: a request draws
-``(latency seconds, output tokens)`` from a sampler on its first segment, its tokens arrive
+``(latency seconds, output tokens)`` from a sampler on its first segment (given the weight
+version it starts on), its tokens arrive
 evenly over that latency, and ``pause()`` aborts every running segment with the tokens produced so
 far, as a real server does; ``pause_keeping()`` freezes them instead until ``resume()`` (their
 tokens after it carry the new version), as a server holding requests through an update does.
@@ -38,14 +39,23 @@ from areal_core.api.engine import GenerationRequest, GenerationResponse
 from areal_core.api.http_engine import HTTPServerEngine, Segment, SegmentCall, one_call_each
 from areal_core.api.errors import ArealError
 
-#: ``sampler(rng) -> (latency seconds, output tokens)`` for one request.
-Sampler = Callable[[random.Random], tuple[float, int]]
+#: ``sampler(rng, version) -> (latency seconds, output tokens)`` for one request that starts on
+#: weight version ``version``.
+Sampler = Callable[[random.Random, int], tuple[float, int]]
 _IDS = [2 + i % 10 for i in range(1 << 16)]
 
 
-def recorded(pairs: list[tuple[float, int]]) -> Sampler:
-    """Draw uniformly from recorded ``(latency, length)`` pairs (the list may still be filling)."""
-    return lambda rng: rng.choice(pairs)
+def recorded(by_version: dict[int, list[tuple[float, int]]]) -> Sampler:
+    """Draw uniformly from the ``(latency, length)`` pairs recorded at the request's weight version
+    (the latest recorded one at or below it, else the first): a policy's lengths drift as it
+    trains, and draws from the whole run would put the first versions' stragglers in every step."""
+    versions = sorted(by_version)
+
+    def draw(rng: random.Random, version: int) -> tuple[float, int]:
+        at = versions[max(0, bisect.bisect_right(versions, version) - 1)]
+        return rng.choice(by_version[at])
+
+    return draw
 
 
 @attrs.frozen
@@ -58,7 +68,8 @@ class Lognormal:
     time_factor: float = 10.0
     tokens_per_s: float = 2.0
 
-    def __call__(self, rng: random.Random) -> tuple[float, int]:
+    def __call__(self, rng: random.Random, version: int = 0) -> tuple[float, int]:
+        """One request's draw; the distribution does not drift with ``version``."""
         real = rng.lognormvariate(math.log(self.median_s), self.sigma)
         return real / self.time_factor, max(1, round(real * self.tokens_per_s))
 
@@ -178,7 +189,7 @@ class ReplayLatencyEngine(HTTPServerEngine):
         rid = request.request_id
         plan = self._plans.get(rid)
         if plan is None:
-            plan = self._plans[rid] = self.sampler(self.rng)
+            plan = self._plans[rid] = self.sampler(self.rng, self.version)
             if request.sampling.seed is not None:
                 self.by_seed[request.sampling.seed] = plan[0]
         latency, length = plan[0], min(plan[1], request.sampling.max_new_tokens)

@@ -5,6 +5,7 @@ tokens carry the new version."""
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from areal_core.config import Config
 from areal_core.testing import LoopThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from replay_engine import ReplayLatencyEngine, _Running  # noqa: E402
+from replay_engine import ReplayLatencyEngine, _Running, recorded  # noqa: E402
 
 LATENCY, TOKENS = 1.0, 10  # long enough that the pause lands mid-request on a loaded machine
 
@@ -30,7 +31,7 @@ SAMPLING = SamplingParams(max_new_tokens=TOKENS)
 def served() -> Iterator[tuple[ReplayLatencyEngine, LoopThread]]:
     """An engine whose every request takes LATENCY for TOKENS, and the loop it runs on, after a
     first request (the first call's imports and set-up)."""
-    engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng: (LATENCY, TOKENS))
+    engine = ReplayLatencyEngine(Config(), CpuPlatform(), sampler=lambda rng, version: (LATENCY, TOKENS))
     engine.launch_servers(None)
     loop = LoopThread()
     try:
@@ -80,7 +81,7 @@ def test_pauses_closer_than_a_token_still_let_it_finish(served) -> None:
     hands the decoding done so far on (the hf server's pause lands between decode steps), so no
     pause cadence starves a request."""
     engine, loop = served
-    engine.sampler = lambda rng: (1.0, 1)
+    engine.sampler = lambda rng, version: (1.0, 1)
     future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=SAMPLING)))
     pauses = 0
     while not future.done() and pauses < 200:
@@ -109,3 +110,21 @@ def test_two_keep_pauses_split_a_request_in_three_versions(served) -> None:
     assert 0 < first < second < TOKENS
     assert response.versions == [0] * first + [1] * (second - first) + [2] * (TOKENS - second)
     assert wall >= LATENCY + 0.4 and 0 <= engine.added[-1] < 0.2  # both holds waited out, neither added
+
+
+def test_a_request_draws_from_the_recording_of_the_version_it_starts_on(served) -> None:
+    """A recording is drawn from per weight version (the latest recorded at or below the request's,
+    else the first): a policy's lengths drift as it trains."""
+    draw = recorded({1: [(0.2, 2)], 3: [(1.0, 5)], 6: [(0.3, 3)]})
+    drawn = [draw(random.Random(0), version) for version in (0, 1, 2, 3, 5, 6, 9)]
+    assert drawn == [(0.2, 2)] * 3 + [(1.0, 5)] * 2 + [(0.3, 3)] * 2
+    engine, loop = served
+    engine.sampler = draw
+    engine.set_version(3)  # drawn once, at the version it starts on, though sent again after a bump
+    future = loop.submit(engine.agenerate(GenerationRequest(input_ids=[1, 2], sampling=SAMPLING)))
+    time.sleep(0.3)
+    engine.pause()
+    engine.set_version(6)
+    engine.resume()
+    response = future.result(timeout=10)
+    assert len(response.output_ids) == 5 and response.versions[0] == 3 and response.versions[-1] == 6
