@@ -178,31 +178,118 @@ def test_sample_greedy_top_p_and_logprobs() -> None:
     assert set(nucleus.tolist()) == {1, 2}  # p = .64, .24 | .09, .03: the 0.7 nucleus is {1, 2}
 
 
-def test_a_wave_decodes_on_until_half_empty_before_newcomers_join(
+def test_newcomers_join_a_running_wave_prefilled_alone_and_decode_as_if_alone(
     base_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prefill costs several decode steps: a wave of 4 whose rows end one per step is re-formed
-    with the waiting requests only once 2 rows are left, not as soon as the first one ends."""
-    calls: list[str] = []
+    """Continuous batching: queued requests join the running wave on its KV cache once a quarter of
+    the batch is free, each prefilled once (the running rows never again), and every request
+    decodes exactly what it decodes alone."""
+    calls: list[tuple[str, int]] = []  # (model call, rows)
     for name in ("prefill", "step"):
         original = getattr(generator._Batch, name)
 
         def logged(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
-            calls.append(_name)
+            calls.append((_name, len(self.seqs)))
             return _original(self, *args)
 
         monkeypatch.setattr(generator._Batch, name, logged)
-    gen = generator.Generator(perturbed_model(base_model, seed=0), eos_ids=frozenset(), pad_id=0, max_batch_size=4, seed=0)
+    gen = generator.Generator(perturbed_model(base_model, seed=0), eos_ids=frozenset(), pad_id=0, max_batch_size=8, seed=0)
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [5]]
+    bodies = [
+        GenerateBody(rid=f"r{i}", input_ids=prompts[i % 4], max_new_tokens=n, greedy=True)
+        for i, n in enumerate([1, 1, 2, 3, 4, 5, 6, 7] + [6] * 4)
+    ]  # fmt: skip
 
-    async def run() -> list[int]:
+    async def run() -> tuple[list[list[int]], list[tuple[str, int]], list[list[int]]]:
         server = asyncio.create_task(gen.serve_forever())
-        bodies = [GenerateBody(rid=f"r{n}", input_ids=[3, 4, 5], max_new_tokens=n, greedy=True) for n in (1, 2, 3, 4, 4, 4, 4, 4)]
-        results = await gen.generate_many(bodies)
+        together = [r.output_ids for r in await gen.generate_many(bodies)]
+        calls_together = list(calls)
+        alone = [(await gen.generate(body)).output_ids for body in bodies]
         server.cancel()
-        return [len(r.output_ids) for r in results]
+        return together, calls_together, alone
 
-    assert asyncio.run(run()) == [1, 2, 3, 4, 4, 4, 4, 4]
-    assert calls[:3] == ["prefill", "step", "prefill"]  # 4 rows, then 3 decode on, then 2 rejoin
+    together, calls_together, alone = asyncio.run(run())
+    assert together == alone and [len(out) for out in together] == [b.max_new_tokens for b in bodies]
+    # 2 rows end at the prefill: 2 join; 1 ends: 1 free slot waits; the next ends: the last 2 join
+    assert calls_together[:5] == [("prefill", 8), ("prefill", 2), ("step", 8), ("step", 7), ("prefill", 2)]
+    assert sum(rows for call, rows in calls_together if call == "prefill") == len(bodies)  # each prefilled once
+
+
+def test_a_cache_that_cannot_join_decodes_in_waves_re_formed_once_half_empty(
+    base_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback for caches that padding cannot join (sliding-window, static): a wave of 4 whose
+    rows end one per step is re-formed with the waiting requests only once 2 rows are left."""
+    calls: list[str] = []
+    original = generator._Batch.prefill
+
+    def logged(self: Any) -> Any:
+        calls.append("prefill")
+        return original(self)
+
+    monkeypatch.setattr(generator._Batch, "prefill", logged)
+    monkeypatch.setattr(generator, "_plain_growing", lambda cache: False)
+    gen = generator.Generator(perturbed_model(base_model, seed=0), eos_ids=frozenset(), pad_id=0, max_batch_size=4, seed=0)
+    bodies = [GenerateBody(rid=f"r{n}", input_ids=[3, 4, 5], max_new_tokens=n, greedy=True) for n in (1, 2, 3, 4, 4, 4, 4, 4)]
+
+    async def run() -> list[list[int]]:
+        server = asyncio.create_task(gen.serve_forever())
+        together = [r.output_ids for r in await gen.generate_many(bodies)]
+        server.cancel()
+        return together
+
+    together = asyncio.run(run())
+    assert [len(out) for out in together] == [1, 2, 3, 4, 4, 4, 4, 4]
+    assert together[4:] == [together[3]] * 4  # greedy on one prompt: the re-prefilled row decodes the same
+    assert calls == ["prefill"] * 3  # 4 rows; 2 left + 2 newcomers; 2 left + the last 2
+
+
+def test_a_failed_join_fails_every_row_in_flight_and_the_server_serves_on(
+    base_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joining rows' prefill fails: the 6 running rows and the 2 joining ones get the error (none
+    is left waiting forever), and the requests still queued are served."""
+    original, failures = generator._Batch.prefill, [RuntimeError("injected")]
+
+    def prefill(self: Any) -> Any:
+        if len(self.seqs) == 2 and failures:
+            raise failures.pop()
+        return original(self)
+
+    monkeypatch.setattr(generator._Batch, "prefill", prefill)
+    gen = generator.Generator(perturbed_model(base_model, seed=0), eos_ids=frozenset(), pad_id=0, max_batch_size=8, seed=0)
+    bodies = [GenerateBody(rid=f"r{i}", input_ids=[3, 4], max_new_tokens=n, greedy=True) for i, n in enumerate([1, 1] + [4] * 10)]
+
+    async def run() -> list[Any]:
+        server = asyncio.create_task(gen.serve_forever())
+        results = await asyncio.wait_for(asyncio.gather(*(gen.generate(b) for b in bodies), return_exceptions=True), 60)
+        server.cancel()
+        return results
+
+    outcome = [type(r).__name__ if isinstance(r, Exception) else len(r.output_ids) for r in asyncio.run(run())]
+    assert outcome == [1, 1] + ["RuntimeError"] * 8 + [4, 4]
+
+
+def test_a_batch_drops_columns_only_padding_fills_and_a_join_pads_to_the_longer(base_model: Path) -> None:
+    """A wave that lives on as rows come and go keeps its KV cache as wide as its longest row, not
+    as wide as every row it ever held."""
+    model = perturbed_model(base_model, seed=0)
+
+    def prefilled(*prompts: list[int]) -> Any:
+        seqs = [generator._Seq(GenerateBody(rid=f"r{i}", input_ids=p, max_new_tokens=4), None, frozenset()) for i, p in enumerate(prompts)]
+        batch = generator._Batch(model, seqs, 0, torch.Generator().manual_seed(0))
+        batch.prefill()
+        return batch
+
+    def widths(batch: Any) -> set[tuple[int, int]]:
+        return {(layer.keys.shape[0], layer.keys.shape[2]) for layer in batch.cache.layers} | {tuple(batch.mask.shape)}
+
+    batch = prefilled([1, 2, 3, 4, 5, 6], [7, 8])
+    batch.keep([1])
+    assert batch.can_join and widths(batch) == {(1, 2)} and batch.mask.tolist() == [[1, 1]]
+    batch.join(prefilled([3, 4, 5]))
+    assert widths(batch) == {(2, 3)} and batch.mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert batch.positions.tolist() == [[1], [2]] and [seq.body.rid for seq in batch.seqs] == ["r1", "r0"]
 
 
 # --------------------------------------------------------------------------- one server

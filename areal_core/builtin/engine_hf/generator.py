@@ -1,14 +1,17 @@
-"""Batched decoding for the hf server: waves of concurrent requests share one KV cache.
+"""Continuous batching for the hf server: concurrent requests share one KV cache.
 
 A scheduler coroutine takes up to ``max_batch_size`` queued requests, left-pads them into one
-batch (attention mask + position ids + a transformers ``DynamicCache``) and decodes them step
-by step; finished rows leave the batch. Once the wave is down to half of ``max_batch_size`` or
-fewer and at least as many requests wait as still run, it ends and its unfinished requests go back
-to the head of the queue, to be prefilled again (prompt + output so far) together with the new
-ones: a prefill costs several decode steps, so a wave is not re-formed each time a row ends.
+batch (attention mask + position ids + a transformers ``DynamicCache``) and decodes them step by
+step; finished rows leave the batch, and columns that only pad are dropped. Once a quarter of the
+batch is free (or every queued request fits), the queued requests are prefilled on their own and
+join the running batch: both caches are left-padded to the longer one, so no running row is
+prefilled again. A cache that padding cannot join exactly (a sliding-window or static one) falls
+back to waves: once the wave is down to half of ``max_batch_size`` or fewer and at least as many
+requests wait as still run, its unfinished requests go back to the head of the queue, to be
+prefilled again (prompt + output so far) together with the new ones.
 Model work runs on one executor thread, so weight swaps queued on it land between decode steps.
-``pause`` stops a running wave at the next step (its requests end with stop reason "abort") and
-holds the queue; ``pause(keep=True)`` holds the wave there instead, KV cache and all, and it
+``pause`` stops the running batch at the next step (its requests end with stop reason "abort")
+and holds the queue; ``pause(keep=True)`` holds the batch there instead, KV cache and all, and it
 decodes on (on whatever weights are loaded by then) after ``resume``.
 """
 
@@ -112,10 +115,13 @@ class _Batch:
             self.mask[row, width - len(ids) :] = 1
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=model.config)
+        self.can_join = False  # whether other batches' rows can join it (:meth:`join`), known after the prefill
 
     @torch.inference_mode()
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._forward(self.input_ids, self.positions)
+        out = self._forward(self.input_ids, self.positions)
+        self.can_join = _plain_growing(self.cache)
+        return out
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +135,25 @@ class _Batch:
         for name in ("temperature", "top_p", "greedy", "mask", "positions"):
             setattr(self, name, getattr(self, name)[index])
         self.seqs = [self.seqs[row] for row in rows]
+        if self.can_join and rows:  # drop the columns that are padding in every row left
+            start = int(self.mask.any(0).long().argmax())
+            if start:
+                self.mask = self.mask[:, start:]
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+    def join(self, other: _Batch) -> None:
+        """Append the rows of ``other`` (prefilled, same model; both ``can_join``): caches and masks
+        are left-padded to the longer one, so every row keeps its own positions."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
+            mine.values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)])
+        self.positions = torch.cat([self.positions[:, -1:], other.positions[:, -1:]])
+        for name in ("temperature", "top_p", "greedy"):
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.seqs += other.seqs
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(
@@ -140,6 +165,25 @@ class _Batch:
             logits_to_keep=1,
         )
         return sample(out.logits[:, -1, :], self.temperature, self.top_p, self.greedy, row_uniforms(self.seqs, self.gen))
+
+
+def _plain_growing(cache: Any) -> bool:
+    """Whether every layer of ``cache`` is a plain growing one, which left-padding to a common
+    length keeps exact (not a sliding window, not a static or quantized cache)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``tensor`` with zeros before it along ``dim`` up to ``width``."""
+    missing = width - tensor.shape[dim]
+    if not missing:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class Generator:
@@ -245,39 +289,61 @@ class Generator:
                 self._idle.set()
 
     async def _run_wave(self, wave: list[_Seq]) -> None:
+        """Decode ``wave`` until no row is left; ``wave`` is kept to the rows in flight, newcomers
+        that join included (the ones a failure fails: :meth:`serve_forever`)."""
         batch = _Batch(self.model, wave, self.pad_id, self._gen)
-        call: tuple[Any, ...] = (batch.prefill,)
-        while True:
+        tokens = await self._decode(batch, batch.prefill)
+        while batch.seqs:
+            self.running = len(batch.seqs)
             if self.paused:
                 if not self._keep:
-                    for seq in wave:
+                    for seq in batch.seqs:
                         seq.finish("abort")
                     return
-                await self._hold(wave)
-                if all(seq.future.done() for seq in wave):  # aborted while held
+                await self._hold(batch.seqs)
+                if all(seq.future.done() for seq in batch.seqs):  # aborted while held
                     return
-            tokens, logprobs, version = await self.on_model_thread(self._tagged, *call)
-            keep = []
-            for row, (seq, token, logprob) in enumerate(zip(wave, tokens.tolist(), logprobs.tolist())):
-                seq.output_ids.append(token)
-                seq.logprobs.append(logprob)
-                seq.versions.append(version)
-                if token in seq.stop_ids:
-                    seq.finish("stop")
-                elif len(seq.output_ids) >= seq.body.max_new_tokens:
-                    seq.finish("length")
-                elif not seq.future.done():  # else the client went away
-                    keep.append(row)
-            if not keep:
-                return
-            if len(self._queue) >= len(keep) and 2 * len(keep) <= self.max_batch_size:
-                self._queue.extendleft(reversed([wave[row] for row in keep]))  # rejoin with the newcomers
-                return
-            if len(keep) < len(wave):
-                await self.on_model_thread(batch.keep, keep)
-                wave, tokens = [wave[row] for row in keep], tokens[keep]
-            self.running = len(wave)
-            call = (batch.step, tokens)
+            if self._queue and not batch.can_join:
+                if len(self._queue) >= len(batch.seqs) and 2 * len(batch.seqs) <= self.max_batch_size:
+                    self._queue.extendleft(reversed(batch.seqs))  # rejoin with the newcomers
+                    return
+            elif newcomers := self._newcomers(self.max_batch_size - len(batch.seqs)):
+                wave[:] = [*batch.seqs, *newcomers]
+                self.running = len(wave)
+                joining = _Batch(self.model, newcomers, self.pad_id, self._gen)
+                joined_tokens = await self._decode(joining, joining.prefill)
+                if joining.seqs:
+                    await self.on_model_thread(batch.join, joining)
+                    tokens = torch.cat([tokens, joined_tokens])
+                continue
+            tokens = await self._decode(batch, batch.step, tokens)
+
+    def _newcomers(self, room: int) -> list[_Seq]:
+        """Queued requests to join a running wave: none until a quarter of the batch is free or all
+        of them fit (a prefill costs several decode steps), then as many as fit."""
+        if not self._queue or room < min(len(self._queue), max(1, self.max_batch_size // 4)):
+            return []
+        taken = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+        return [seq for seq in taken if not seq.future.done()]  # the client went away
+
+    async def _decode(self, batch: _Batch, *call: Any) -> torch.Tensor:
+        """Run one model call of ``batch``, give each row its token and drop the rows that ended;
+        returns the tokens of the rows left (the next step's input)."""
+        tokens, logprobs, version = await self.on_model_thread(self._tagged, *call)
+        keep = []
+        for row, (seq, token, logprob) in enumerate(zip(batch.seqs, tokens.tolist(), logprobs.tolist())):
+            seq.output_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(version)
+            if token in seq.stop_ids:
+                seq.finish("stop")
+            elif len(seq.output_ids) >= seq.body.max_new_tokens:
+                seq.finish("length")
+            elif not seq.future.done():  # else the client went away
+                keep.append(row)
+        if len(keep) < len(batch.seqs):
+            await self.on_model_thread(batch.keep, keep)
+        return tokens[keep]
 
     async def _hold(self, wave: list[_Seq]) -> None:
         """Park ``wave`` between decode steps until ``resume`` (weight swaps land meanwhile)."""
