@@ -48,7 +48,6 @@ import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import pstats
 import random
@@ -64,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from replay_engine import Lognormal, ReplayLatencyEngine
+from spread import spread
 
 from areal_core.agent import AgentProxy, AgentWorkflow, ProxyServer
 from areal_core.config import load_config
@@ -319,14 +319,6 @@ COLUMNS = [  # (key, header, format)
     ("in_flight_mean", "in flight", "{:.0f}"),
     ("kib_per_episode", "KiB/episode", "{:.1f}"),
 ]
-
-
-def spread(values: list[float], fmt: str) -> str:
-    """One value, or min/median/max of the repeats (runs without a value left out)."""
-    values = [v for v in values if not math.isnan(v)] or [math.nan]
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:

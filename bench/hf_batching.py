@@ -23,13 +23,13 @@ import argparse
 import asyncio
 import contextlib
 import random
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from spread import spread
 
 from areal_core.api.wire import GenerateBody
 from areal_core.builtin.engine_hf import generator
@@ -117,9 +117,7 @@ def main() -> None:
             share = seconds["prefill"] / (seconds["prefill"] + seconds["step"])
             print(f"{repeat + 1:>6} {name:>10} {rates[name]:>9.1f} {tokens_per_s:>9.0f} {100 * share:>13.0f}%", flush=True)
         ratios.append(rates["continuous"] / rates["waves"])
-    ratios.sort()
-    print(f"\ncontinuous / waves groups/s, min / median / max of {args.repeats}: "
-          f"{ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}")
+    print(f"\ncontinuous / waves groups/s, min / median / max of {args.repeats}: {spread(ratios, '{:.2f}', ' / ')}")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from spread import spread
 
 from areal_core.config import load_config
 from areal_core.timeline import TIMELINE_FILE
@@ -67,9 +68,7 @@ def main() -> None:
                 print(f"{repeat + 1:>6} {mode:>6} {r['wall']:>8.1f} {r['tokens_per_s']:>9.0f} {r['wait']:>7.2f} "
                       f"{r['update']:>9.2f} {r['cut_short']:>10} {r['reward']:>7.3f}", flush=True)
             ratios.append(walls["keep"] / walls["abort"])
-    ratios.sort()
-    print(f"\n{args.engine}: keep wall / abort wall, min / median / max of {args.repeats}: "
-          f"{ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}")
+    print(f"\n{args.engine}: keep wall / abort wall, min / median / max of {args.repeats}: {spread(ratios, '{:.2f}', ' / ')}")
 
 
 if __name__ == "__main__":
