@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous GRPO: the same job twice in one invocation, side by side.
 
     python bench/async_vs_sync.py [--steps 120] [--staleness 2] [--pause-mode abort|keep] [--repeats 3]
-        [--first-seed 3] [--sync-twin] [--keep DIR]
+        [--first-seed 3] [--sync-twin] [--keep DIR] [--slower-generation 1]
 
 Part 1 runs the real system (hf server, FSDP2 worker, disk weight updates) with
 ``max_head_offpolicyness`` 0 and then ``--staleness``: same seed, same number of samples, a
@@ -50,7 +50,9 @@ with only the sampling seeds moved, and prints that twin's model reward and its 
 (the gap that sampling alone makes, to hold the async - sync gap against). ``--keep DIR`` keeps
 the run directories (timelines included) under DIR. ``--pause-mode`` is ``rollout.pause_mode``:
 what weight updates do to requests in flight (the replay engine freezes held requests as a real
-server does).
+server does). ``--slower-generation K`` has part 2 replay every latency K times longer: generation
+K times as long against the same training, as with longer answers than this task's 2 or 3 tokens
+(which hold the bound here under 2x).
 """
 
 from __future__ import annotations
@@ -138,11 +140,11 @@ def run_job(root: Path, trial: str, overrides: list[str], score_policy: bool) ->
     }
 
 
-def by_version() -> dict[int, list[tuple[float, int]]]:
-    """The recording as ``(latency, length)`` pairs per weight version."""
+def by_version(slower: float) -> dict[int, list[tuple[float, int]]]:
+    """The recording as ``(latency, length)`` pairs per weight version, latencies ``slower`` times longer."""
     pairs: dict[int, list[tuple[float, int]]] = {}
     for latency, length, version in RECORDED:
-        pairs.setdefault(version, []).append((latency, length))
+        pairs.setdefault(version, []).append((latency * slower, length))
     return pairs
 
 
@@ -250,9 +252,13 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=3, help="seed of the first repeat; each next one adds 1")
     parser.add_argument("--sync-twin", action="store_true", help="part 1 also runs sync with other sampling seeds")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories under this directory")
+    parser.add_argument("--slower-generation", type=float, default=1.0,
+                        help="part 2 replays every recorded latency this many times longer")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give at least 1")
+    if args.slower_generation <= 0:
+        parser.error(f"--slower-generation {args.slower_generation}: give a factor > 0")
     common = [
         f"total_train_steps={args.steps}",
         f"train_dataset.batch_size={BATCH}",
@@ -292,7 +298,7 @@ def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dic
     """Part 2: the replay engine on part 1's recording."""
     lengths = sorted(n for _, n, _ in RECORDED)
     lat = sorted(t for t, _, _ in RECORDED)
-    recording = by_version()
+    recording = by_version(args.slower_generation)
     print(f"recorded {len(RECORDED)} requests (the synchronous run's) over {len(recording)} weight versions: length p50 "
           f"{lengths[len(lengths) // 2]} p99 {lengths[int(len(lengths) * 0.99)]} max {lengths[-1]}; "
           f"latency p50 {lat[len(lat) // 2]:.2f}s p99 {lat[int(len(lat) * 0.99)]:.2f}s")
@@ -301,7 +307,8 @@ def replay_round(root: Path, common: list[str], args: argparse.Namespace) -> dic
     # N episodes in N * E[episode latency] / C seconds.
     in_flight = min(MAX_CONCURRENT, (args.staleness + 1) * BATCH)
     pipe = args.steps * BATCH * episode_latency(sorted(recording)) / in_flight
-    return compare("ReplayLatencyEngine (replays recorded latencies; no model) + FSDP2 worker", "replay", root,
+    times = "" if args.slower_generation == 1 else f" x{args.slower_generation:g}"
+    return compare(f"ReplayLatencyEngine (replays recorded latencies{times}; no model) + FSDP2 worker", "replay", root,
                    [*common, "rollout.engine=replay-latency"], args.staleness, pipe, args.steps)
 
 
