@@ -17,7 +17,7 @@ from areal_core.config import load_config  # noqa: E402
 
 def run(config_path: str | None = None, overrides: list[str] | None = None) -> None:
     """Run the built-in GRPO trainer (what ``areal run`` does)."""
-    from areal_core.trainer import run_training
+    from areal_core.cli import run_training
 
     run_training(config_path, overrides or [])
 

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from areal_core.config import config_and_overrides
 from areal_core.api.errors import ArealError
+
+if TYPE_CHECKING:
+    from areal_core.trainer import RunSummary
 
 
 def _split_config_args(ns: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -71,9 +75,24 @@ def cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from areal_core.trainer import run_training
+def run_training(config_path: str | None, overrides: list[str]) -> RunSummary:
+    """``areal run``: load, resolve, train (``agent.command`` set: that agent program), print the summary."""
+    from areal_core.config import load_config
+    from areal_core.trainer import Trainer
 
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(config_path, overrides)
+    if config.agent.command:  # an agent program: the agent proxy's workflow runs it per sample
+        from areal_core.agent import agent_workflow
+
+        summary = Trainer(config, workflow=agent_workflow()).run()
+    else:
+        summary = Trainer(config).run()
+    print(summary.render())
+    return summary
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
     if ns.example:
         return _packaged_example(ns.example, ns)
     if ns.print_config:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import attrs
 
 from areal_core.api.errors import PluginError
-from areal_core.config import Config, DatasetConfig, dump_yaml, load_config
+from areal_core.config import Config, DatasetConfig, dump_yaml
 from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
@@ -88,10 +88,10 @@ def order_batch(batch: list[Trajectory]) -> list[Trajectory]:
     return sorted(batch, key=lambda t: (t.prompt_id, t.info.get("epoch", 0), t.info.get("sample_index", 0)))
 
 
-WorkflowFactory = Callable[["_Planes"], Workflow]
+WorkflowFactory = Callable[["Planes"], Workflow]
 
 
-def rlvr_workflow(planes: _Planes) -> Workflow:
+def rlvr_workflow(planes: Planes) -> Workflow:
     """The default workflow: sample ``gconfig.n_samples`` completions per prompt, score each."""
     from areal_core.rollout.rlvr import RLVRWorkflow
 
@@ -148,18 +148,22 @@ class Trainer:
             config = attrs.evolve(self.config, model=attrs.evolve(self.config.model, path=model_path))
             (self.run_dir / "config.yaml").write_text(dump_yaml(config))
             _stop_on_signals()
-            with controller_tuning(), _Planes(config, self.plugins, self.platform) as planes:
+            with controller_tuning(), Planes(config, self.plugins, self.platform) as planes:
                 loop = _Loop(config, planes, train_items, valid_items, self.workflow_factory(planes), fixed)
                 return loop.run(self.created)
 
 
-class _Planes:
-    """Starts the reward workers, servers, training workers and the weight path (stopped on exit)."""
+class Planes:
+    """Starts the reward workers, servers, training workers and the weight path (stopped on exit).
+
+    A workflow factory gets the planes up: ``config``, ``plugins``, ``tokenizer``, ``rewards``,
+    ``engine``, ``scheduler``, ``trainer``, ``updater``, ``fleet``, ``algorithm``, and ``on_exit``.
+    """
 
     def __init__(self, config: Config, plugins: Plugins, platform: Any) -> None:
         self.config, self.plugins, self.platform = config, plugins, platform
 
-    def __enter__(self) -> _Planes:
+    def __enter__(self) -> Planes:
         from transformers import AutoTokenizer
 
         from areal_core.control_endpoint import ControlServer
@@ -258,7 +262,7 @@ class _Loop:
     def __init__(
         self,
         config: Config,
-        planes: _Planes,
+        planes: Planes,
         train_items: list[dict],
         valid_items: list[dict],
         workflow: Workflow,
@@ -590,17 +594,3 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def run_training(config_path: str | None, overrides: list[str]) -> RunSummary:
-    """``areal run``: load, resolve, train (``agent.command`` set: that agent program), print the summary."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config(config_path, overrides)
-    if config.agent.command:  # an agent program: the agent proxy's workflow runs it per sample
-        from areal_core.agent import agent_workflow
-
-        summary = Trainer(config, workflow=agent_workflow()).run()
-    else:
-        summary = Trainer(config).run()
-    print(summary.render())
-    return summary

@@ -52,7 +52,7 @@ def test_a_plugin_importing_core_internals_breaks_the_contract(tmp_path):
     package = tmp_path / "site" / "areal_engine_rogue"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("from areal_core.api import hookimpl\n")
-    (package / "client.py").write_text("from areal_core.trainer import run_training\n")
+    (package / "client.py").write_text("from areal_core.trainer import Trainer\n")
     contract = _contracts()["plugins"]
     forbidden = ", ".join(f'"{m}"' for m in contract["forbidden_modules"])
     config = tmp_path / "pyproject.toml"

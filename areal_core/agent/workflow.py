@@ -27,7 +27,7 @@ from areal_core.rollout.dataloader import EPOCH_KEY
 from areal_core.api.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from areal_core.trainer import WorkflowFactory, _Planes
+    from areal_core.trainer import WorkflowFactory, Planes
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def agent_workflow(agent: AgentFn | None = None) -> WorkflowFactory:
     ``agent.chat_template``), parses tool calls with ``agent.tool_parser``, and stops with the planes.
     """
 
-    def factory(planes: _Planes) -> AgentWorkflow:
+    def factory(planes: Planes) -> AgentWorkflow:
         config = planes.config
         template = config.agent.chat_template or getattr(planes.tokenizer, "chat_template", None)
         proxy = AgentProxy(
