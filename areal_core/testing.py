@@ -233,10 +233,14 @@ def assert_greedy_on_kept_cache(before: Any, after: Any, prefix: list[int], toke
     ``before`` computed for ``prefix + tokens[:switch - 1]`` (a request held through a weight update,
     ``rollout.pause_mode: keep``); teacher-forced, like :func:`assert_greedy_under`."""
     import torch
+    from transformers import DynamicCache
 
+    from areal_core.builtin.engine_hf.generator import cache_kwarg
+
+    cache = {cache_kwarg(before): DynamicCache(config=before.config)}  # filled by ``before``, read by ``after``
     with torch.no_grad():
-        cache = before(torch.tensor([prefix + tokens[: switch - 1]]), use_cache=True).past_key_values
-        logits = after(torch.tensor([tokens[switch - 1 : -1]]), past_key_values=cache, use_cache=True).logits[0]
+        before(torch.tensor([prefix + tokens[: switch - 1]]), use_cache=True, **cache)
+        logits = after(torch.tensor([tokens[switch - 1 : -1]]), use_cache=True, **cache).logits[0]
     _assert_near_argmax(logits, tokens[switch:], tol, first=switch)
 
 

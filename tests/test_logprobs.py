@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from areal_core.config import TinyModelSpec
 from areal_core.tiny_model import build_tiny_qwen3
+from areal_core.train.fsdp_policy import enable_activation_checkpointing
 from areal_core.train.logprobs import packed_token_logprobs, token_logprobs
 from areal_core.train.packing import pack
 
@@ -187,7 +188,7 @@ def test_fsdp2_model_matches_plain_model(gloo_group, root_reshard):
     plain = _tiny_model()
     sharded = copy.deepcopy(plain)
     for m in (plain, sharded):
-        m.gradient_checkpointing_enable()
+        enable_activation_checkpointing(m)
         m.train()
     for layer in sharded.model.layers:
         fully_shard(layer)
@@ -222,7 +223,7 @@ def _two_rank_worker(rank: int, store: str, root_reshard: bool | None, out: str)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         model = _tiny_model()
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
         model.train()
         for layer in model.model.layers:
             fully_shard(layer)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from areal_core.config import TinyModelSpec
 from areal_core.tiny_model import build_tiny_qwen3
+from areal_core.train.fsdp_policy import enable_activation_checkpointing
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.packing import first_fit_decreasing, pack, pack_per_token, packed_hidden_states, unpack
 
@@ -110,7 +111,7 @@ def _model(attn: str, checkpointing: bool):
     model = build_tiny_qwen3(TinyModelSpec(), vocab_size=VOCAB, pad_id=0, eos_id=1, seed=0)
     model.set_attn_implementation(attn)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     model.train()
     return model
 

@@ -196,7 +196,7 @@ class FSDPPolicy:
 
         lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if trainable and self.config.model.gradient_checkpointing:
-            _enable_activation_checkpointing(lm)
+            enable_activation_checkpointing(lm)
         lm.train(trainable)
         lm.requires_grad_(trainable)
         if trainable and self.config.actor.lora is not None:
@@ -560,7 +560,7 @@ class _FullTensors:
             pass
 
 
-def _enable_activation_checkpointing(lm: nn.Module) -> None:
+def enable_activation_checkpointing(lm: nn.Module) -> None:
     """Recompute each decoder layer in backward (non-reentrant, as FSDP2 needs)."""
     kwargs = {"use_reentrant": False}
     if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.x

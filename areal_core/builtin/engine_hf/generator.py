@@ -89,7 +89,7 @@ def row_uniforms(seqs: list[_Seq], gen: torch.Generator) -> torch.Tensor:
     return draws
 
 
-def _cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: Any) -> str:
     """transformers 5 renamed ``past_key_values`` to ``cache``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -160,7 +160,7 @@ class _Batch:
             input_ids=input_ids,
             attention_mask=self.mask,
             position_ids=positions,
-            **{_cache_kwarg(self.model): self.cache},
+            **{cache_kwarg(self.model): self.cache},
             use_cache=True,
             logits_to_keep=1,
         )
