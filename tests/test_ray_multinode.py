@@ -232,10 +232,12 @@ def test_ray_job_submit_runs_the_controller_as_the_job_s_driver(cluster, tmp_pat
     mark = marks()
     run_dir = tmp_path / "quickstart" / "job"
     submission = f"areal-test-{mark[:12]}"
+    # the job's processes carry the mark, and its `areal` is this Python's even where its venv is not activated
+    this_python_first = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
     overrides = [f"fileroot={tmp_path}", "trial_name=job", *SHORT_RUN, *RUN, "scheduler=ray", *PLACED]
     submit = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", f"--address=http://{address}",
               f"--submission-id={submission}", f"--working-dir={job_dir}",
-              f"--runtime-env-json={json.dumps({'env_vars': {MARK: mark}})}",  # the job's processes carry the mark
+              f"--runtime-env-json={json.dumps({'env_vars': {MARK: mark, 'PATH': this_python_first}})}",
               "--", "areal", "run", "config.yaml", *overrides]
     proc = start(submit, mark)
     control = run_dir / "control.json"
