@@ -156,8 +156,9 @@ class Trainer:
 class Planes:
     """Starts the reward workers, servers, training workers and the weight path (stopped on exit).
 
-    A workflow factory gets the planes up: ``config``, ``plugins``, ``tokenizer``, ``rewards``,
-    ``engine``, ``scheduler``, ``trainer``, ``updater``, ``fleet``, ``algorithm``, and ``on_exit``.
+    A workflow factory is given them once they are up, to read ``config``, ``plugins``, ``tokenizer``,
+    ``rewards``, ``engine``, ``scheduler``, ``trainer``, ``updater``, ``fleet`` and ``algorithm`` and
+    to register its own clean-up with ``on_exit``.
     """
 
     def __init__(self, config: Config, plugins: Plugins, platform: Any) -> None:
