@@ -61,7 +61,6 @@ import argparse
 import contextlib
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +73,7 @@ import attrs
 from ideal_pipe import ideal_async_median
 from policy_eval import sampled_reward
 from replay_engine import ReplayLatencyEngine, recorded
+from spread import spread
 
 from areal_core.api import hookimpl
 from areal_core.config import load_config
@@ -283,8 +283,7 @@ def main() -> None:
         print(f"\n== {args.repeats} repeats: min / median / max ==")
         for part, rows in results.items():
             for what in rows[0]:
-                values = sorted(row[what] for row in rows)
-                print(f"{part:7} {what:22} {values[0]:8.3f} / {statistics.median(values):8.3f} / {values[-1]:8.3f}")
+                print(f"{part:7} {what:22} {spread([row[what] for row in rows], '{:8.3f}', ' / ')}")
 
 
 def one_round(root: Path, common: list[str], args: argparse.Namespace) -> dict[str, float]:

@@ -2,11 +2,11 @@
 
 The client half is the real :class:`~areal_core.api.http_engine.HTTPServerEngine` (router, pause
 gate, segments re-submitted after a pause); only the server call is simulated: a request draws
-``(latency seconds, output tokens)`` from a sampler on its first segment (given the weight
-version it starts on), its tokens arrive
-evenly over that latency, and ``pause()`` aborts every running segment with the tokens produced so
-far, as a real server does; ``pause_keeping()`` freezes them instead until ``resume()`` (their
-tokens after it carry the new version), as a server holding requests through an update does.
+``(latency seconds, output tokens)`` from a sampler on its first segment (given the weight version
+it starts on), its tokens arrive evenly over that latency, and ``pause()`` aborts every running
+segment with the tokens produced so far, as a real server does; ``pause_keeping()`` freezes them
+instead until ``resume()`` (their tokens after it carry the new version), as a server holding
+requests through an update does.
 An abort loses no decoding: the segment sent after ``resume()`` finishes the token that was in
 progress from where it stopped. The hf server does the same, its pause lands between decode steps
 and hands back every token computed; vLLM's engine core also pauses between steps, but with async

@@ -289,8 +289,8 @@ class Generator:
                 self._idle.set()
 
     async def _run_wave(self, wave: list[_Seq]) -> None:
-        """Decode ``wave`` until no row is left; ``wave`` is kept to the rows in flight, newcomers
-        that join included (the ones a failure fails: :meth:`serve_forever`)."""
+        """Decode ``wave`` until no row is left. Newcomers that join are added to ``wave``, so that a
+        failure fails every row in flight (:meth:`serve_forever`; rows already ended are skipped)."""
         batch = _Batch(self.model, wave, self.pad_id, self._gen)
         tokens = await self._decode(batch, batch.prefill)
         while batch.seqs:
