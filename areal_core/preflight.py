@@ -16,15 +16,20 @@ from areal_core.api.dataset import dataset_key
 from areal_core.dataset_loading import load_dataset
 from areal_core.api.errors import ConfigError
 from areal_core.api.hub import is_hub_id
+from areal_core.model_source import check_source, is_source
 from areal_core.plugins import Plugins
 
 #: Files of which a Hugging Face model directory holds at least one when it has a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
-def check_model_path(path: str) -> None:
-    """``model.path`` is empty (tiny model), a hub id (fetched at run time) or a model directory."""
+def check_model_path(path: str, models_root: Path) -> None:
+    """``model.path`` is empty (tiny model), a hub id (fetched at run time), a source (converted at run
+    time into ``models_root``: :mod:`areal_core.model_source`) or a model directory."""
     if not path or is_hub_id(path):
+        return
+    if is_source(path):
+        check_source(path, models_root)
         return
     p = Path(path)
     if p.is_file():
@@ -81,6 +86,6 @@ def hub_notes(config: Config) -> list[str]:
 
 def preflight(config: Config, plugins: Plugins, *, fetch: bool = True) -> dict[str, list[dict[str, Any]]]:
     """Every check above; returns the datasets' items (see :func:`datasets`)."""
-    check_model_path(config.model.path)
+    check_model_path(config.model.path, Path(config.fileroot) / "models")
     check_fileroot(config.fileroot)
     return datasets(config, plugins, fetch=fetch)

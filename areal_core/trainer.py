@@ -119,15 +119,17 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def _model_path(self, items: list[dict[str, Any]]) -> str:
         from areal_core.api.hub import is_hub_id, snapshot
+        from areal_core.model_source import is_source, prepare_model
 
-        if self.config.model.path:  # a hub id becomes its local snapshot: servers load directories
-            path = self.config.model.path
+        path, models_root = self.config.model.path, Path(self.config.fileroot) / "models"
+        if path:  # a source becomes its converted directory, a hub id its snapshot: servers load directories
+            if is_source(path):
+                return str(prepare_model(path, models_root))
             return str(snapshot(path, "model.path")) if is_hub_id(path) else path
         from areal_core.api.dataset import corpus
         from areal_core.tiny_model import ensure_tiny_model
 
-        path = ensure_tiny_model(self.config.model.tiny, corpus(items), Path(self.config.fileroot) / "models", self.config.seed)
-        return str(path)
+        return str(ensure_tiny_model(self.config.model.tiny, corpus(items), models_root, self.config.seed))
 
     def run(self) -> RunSummary:
         """Check what the config points at, lock the run directory, start both planes, train."""

