@@ -178,6 +178,23 @@ def test_sample_greedy_top_p_and_logprobs() -> None:
     assert set(nucleus.tolist()) == {1, 2}  # p = .64, .24 | .09, .03: the 0.7 nucleus is {1, 2}
 
 
+def test_sample_gives_each_row_what_it_gets_alone() -> None:
+    """Greedy rows, nucleus rows and full-vocabulary rows take different paths in one batch; each
+    row's token and log-prob are those it gets in a batch of its own (batching changes nothing)."""
+    gen = torch.Generator().manual_seed(1)
+    rows = 12
+    logits = (torch.randn(rows, 97, generator=gen) * 3).to(torch.bfloat16)
+    temperature = torch.rand(rows, generator=gen) + 0.3
+    top_p = torch.tensor([1.0, 0.5, 0.9, 1.0] * 3)
+    greedy = torch.tensor([True] * 4 + [False] * 8)
+    uniforms = torch.rand(rows, generator=gen)
+    tokens, logprobs = sample(logits, temperature, top_p, greedy, uniforms)
+    assert tokens[:4].tolist() == logits[:4].argmax(-1).tolist()
+    for row in range(rows):
+        alone = sample(*(t[row : row + 1] for t in (logits, temperature, top_p, greedy, uniforms)))
+        assert (alone[0].item(), alone[1].item()) == (tokens[row].item(), logprobs[row].item())
+
+
 def test_newcomers_join_a_running_wave_prefilled_alone_and_decode_as_if_alone(
     base_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

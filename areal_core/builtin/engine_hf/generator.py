@@ -61,17 +61,41 @@ def sample(
     log-probs under log_softmax(logits / temperature).
 
     The log-prob is of the full temperature-scaled distribution (what the trainer recomputes),
-    not of the top-p-truncated one.
+    not of the top-p-truncated one. Each row's token depends on its own logits, parameters and
+    uniform alone: greedy rows take the argmax (nothing else is computed for them), rows with
+    ``top_p < 1`` draw over the probabilities sorted in descending order (the nucleus needs the
+    order), rows with ``top_p >= 1`` over the probabilities in vocabulary order (the same
+    distribution, without an O(V log V) sort per row and step).
     """
-    logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
-    sorted_p, order = logp.exp().sort(dim=-1, descending=True)
+    scaled = logits.float()
+    logp = torch.log_softmax(scaled / temperature[:, None], dim=-1)
+    tokens = scaled.argmax(-1)  # bf16 -> fp32 is exact, so the same argmax, found faster
+    drawn = (~greedy).nonzero().squeeze(-1)
+    if len(drawn):
+        nucleus = top_p[drawn] < 1
+        for rows, draw in ((drawn[nucleus], _draw_in_nucleus), (drawn[~nucleus], _draw_in_full)):
+            if len(rows):
+                tokens[rows] = draw(logp[rows].exp(), top_p[rows], uniforms[rows])
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _draw_in_nucleus(probs: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over the smallest most-likely set of mass >= ``top_p`` (probabilities sorted)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
     outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]  # mass before it already >= top_p
     cdf = sorted_p.masked_fill(outside, 0.0).cumsum(-1)
+    return order.gather(-1, _inverse_cdf(cdf, uniforms)).squeeze(-1)
+
+
+def _draw_in_full(probs: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over the whole vocabulary, in vocabulary order."""
+    return _inverse_cdf(probs.cumsum(-1), uniforms).squeeze(-1)
+
+
+def _inverse_cdf(cdf: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose ``cdf`` exceeds ``uniform * total`` (one column)."""
     target = (uniforms * cdf[:, -1])[:, None].contiguous()
-    choice = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
-    sampled = order.gather(-1, choice).squeeze(-1)
-    tokens = torch.where(greedy, logits.argmax(-1), sampled)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
 
 
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
@@ -79,12 +103,15 @@ _GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generato
 
 def row_uniforms(seqs: list[_Seq], gen: torch.Generator) -> torch.Tensor:
     """One uniform per row: a request with a seed draws from (seed, token position) alone, so its
-    samples do not depend on batching, interruptions or other requests; others use ``gen``."""
+    samples do not depend on batching, interruptions or other requests; others use ``gen``.
+    Greedy rows draw nothing from a seed (their uniform is never used)."""
     draws = torch.rand(len(seqs), generator=gen)
+    row_gen: torch.Generator | None = None  # one generator, re-seeded per row
     for row, seq in enumerate(seqs):
-        if seq.body.seed is not None:
+        if seq.body.seed is not None and not seq.body.greedy:
             position = len(seq.body.input_ids) + len(seq.output_ids)
-            row_gen = torch.Generator().manual_seed((seq.body.seed + position * _GOLDEN) % 2**63)
+            row_gen = row_gen or torch.Generator()
+            row_gen.manual_seed((seq.body.seed + position * _GOLDEN) % 2**63)
             draws[row] = torch.rand(1, generator=row_gen)[0]
     return draws
 
@@ -115,6 +142,7 @@ class _Batch:
             self.mask[row, width - len(ids) :] = 1
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=model.config)
+        self.cache_kwarg = cache_kwarg(model)  # once per batch, not per forward
         self.can_join = False  # whether other batches' rows can join it (:meth:`join`), known after the prefill
 
     @torch.inference_mode()
@@ -160,7 +188,7 @@ class _Batch:
             input_ids=input_ids,
             attention_mask=self.mask,
             position_ids=positions,
-            **{cache_kwarg(self.model): self.cache},
+            **{self.cache_kwarg: self.cache},
             use_cache=True,
             logits_to_keep=1,
         )
