@@ -228,6 +228,7 @@ class ClusterConfig:
 class StatsConfig:
     tensorboard: bool = True
     eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
+    eval_at_start: bool = True  # also before the first step: the summary's "before" and the curve's step 0
     progress: bool = True
     timeline: bool = True  # trainer phases and rollout concurrency in RUN_DIR/timeline.jsonl (`areal timeline`)
 

@@ -45,8 +45,9 @@ def _read_history(path: Path, up_to_step: int) -> list[dict[str, Any]]:
     return [row for row in rows if row["step"] <= up_to_step]
 
 
-def plot_reward_curve(history: list[dict[str, Any]], out: Path, title: str) -> None:
-    """Train reward per step, and held-out greedy accuracy where it was measured."""
+def plot_reward_curve(history: list[dict[str, Any]], out: Path, title: str, eval_at_start: float | None = None) -> None:
+    """Train reward per step, and held-out greedy accuracy where it was measured (``eval_at_start``:
+    before the first step, drawn at step 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,6 +57,8 @@ def plot_reward_curve(history: list[dict[str, Any]], out: Path, title: str) -> N
     steps = [row["step"] for row in history if "reward/mean" in row]
     ax.plot(steps, [row["reward/mean"] for row in history if "reward/mean" in row], label="train reward (mean)")
     evals = [(row["step"], row["eval/accuracy"]) for row in history if "eval/accuracy" in row]
+    if eval_at_start is not None:
+        evals.insert(0, (0, eval_at_start))
     if evals:
         ax.plot(*zip(*evals), marker="o", label="held-out greedy accuracy")
     ax.set_xlabel("train step")

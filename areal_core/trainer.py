@@ -11,6 +11,7 @@ checkpoints and recover points on their schedules. ``time/*`` stats say where ea
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ from areal_core.api.errors import PluginError
 from areal_core.config import Config, DatasetConfig, dump_yaml
 from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.plugins import Plugins, load_plugins
+from areal_core.process_memory import peak_rss_by_group, render_peaks
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
 from areal_core.resolve import adapter_weight_path_note, resolve_config
 from areal_core.rollout.runner import RolloutRunner
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"  # every held-out answer of every evaluation, in the run dir
 LIVENESS_POLL_S = 5.0  # while waiting for rollouts, check this often that no process has died
 
 
@@ -53,6 +56,8 @@ class RunSummary:
     reward_first: float
     reward_last: float
     eval_accuracy: float | None
+    eval_accuracy_start: float | None = None  # before the first step (``stats.eval_at_start``)
+    peak_rss: dict[str, tuple[int, int]] = attrs.Factory(dict)  # process group -> (processes, bytes)
     episode_failures: FailureCounts  # failed episode attempts (retries included)
     reward_failures: FailureCounts  # reward calls that raised, timed out or killed their worker
     run_dir: Path
@@ -62,6 +67,8 @@ class RunSummary:
         """Plain text: print it with ``print`` (rich would wrap long paths at 80 columns without a TTY)."""
         rate = self.output_tokens / max(self.wall_seconds, 1e-9)
         acc = "-" if self.eval_accuracy is None else f"{self.eval_accuracy:.2f}"
+        if self.eval_accuracy_start is not None:
+            acc = f"{self.eval_accuracy_start:.2f} -> {acc}"
         ep, rw = self.episode_failures, self.reward_failures
         return "\n".join(
             [
@@ -71,6 +78,7 @@ class RunSummary:
                 f"train reward {self.reward_first:.2f} -> {self.reward_last:.2f}   held-out greedy accuracy {acc}",
                 f"failures     {ep.failed} of {ep.total} episode attempts ({ep.rate:.0%})   "
                 f"{rw.failed} of {rw.total} reward calls ({rw.rate:.0%})",
+                *([f"peak RSS     {render_peaks(self.peak_rss)}"] if self.peak_rss else []),
                 f"run dir      {self.run_dir}",
                 f"final model  {self.final_model}",
                 f"reward curve {self.run_dir / 'reward_curve.png'}",
@@ -311,18 +319,37 @@ class _Loop:
         logger.warning("recovered from step %d (weight version %d)", info.step, info.version)
         return info.step
 
-    def _evaluate(self) -> float:
-        """Greedy accuracy (mean reward) on the held-out set, through the live servers."""
+    def _evaluate(self, step: int) -> float:
+        """Greedy accuracy (mean reward) on the held-out set, through the live servers; each answer
+        is appended to ``eval_samples.jsonl`` in the run directory (step, id, reward, completion)."""
         import asyncio
 
-        async def one(item: dict[str, Any]) -> float:
-            trajs = await self.eval_workflow(self.planes.engine, item)
-            return trajs[0].reward
+        async def one(item: dict[str, Any]) -> Trajectory:
+            (traj,) = await self.eval_workflow(self.planes.engine, item)
+            return traj
 
-        async def all_items() -> list[float]:
+        async def all_items() -> list[Trajectory]:
             return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
 
-        return _mean(self.rollout.run(all_items()))
+        trajs = self.rollout.run(all_items())
+        with (self.run_dir / EVAL_SAMPLES_FILE).open("a") as out:
+            for traj in trajs:
+                row = {"step": step, "id": traj.prompt_id, "reward": traj.reward, "output_tokens": traj.n_output_tokens,
+                       "stop_reason": traj.info.get("stop_reason"), "completion": traj.info.get("completion")}  # fmt: skip
+                out.write(json.dumps(row) + "\n")
+        return _mean([traj.reward for traj in trajs])
+
+    def _evaluate_at_start(self, start_step: int, timeline: Timeline) -> float | None:
+        """The held-out accuracy before training (the summary's and the reward curve's step 0; its
+        answers in ``eval_samples.jsonl``), where ``stats.eval_at_start`` asks for it and this run
+        starts at step 0 with evaluation on."""
+        stats = self.config.stats
+        if start_step or not (stats.eval_at_start and stats.eval_every and self.valid_items):
+            return None
+        with timeline.span("eval", 0):
+            accuracy = self._evaluate(0)
+        say(f"held-out greedy accuracy before training: {accuracy:.2f} ({len(self.valid_items)} items)")
+        return accuracy
 
     def _next_batch(self, step: int) -> list[Trajectory]:
         """``prepare_batch``, checking between waits that the workers are up and servers are serving,
@@ -466,6 +493,7 @@ class _Loop:
         say(f"start-up took {t0 - created:.0f}s; training steps {start_step + 1}-{config.total_train_steps}")
         samples = tokens = 0
         last_eval: float | None = None
+        first_eval = self._evaluate_at_start(start_step, timeline)
         progress = _Progress(config.total_train_steps, start_step, enabled=config.stats.progress)
         failure_counts = [tracker.run for tracker in self._trackers()]
         try:
@@ -504,7 +532,7 @@ class _Loop:
                     every = config.stats.eval_every
                     if self.valid_items and every and (step % every == 0 or step == config.total_train_steps):
                         with timeline.span("eval", step):
-                            last_eval = stats["eval/accuracy"] = self._evaluate()
+                            last_eval = stats["eval/accuracy"] = self._evaluate(step)
                     stats.update(self._failure_stats(failure_counts))
                     stats_log.log(step, stats)
                     progress.update(step, stats)
@@ -519,12 +547,16 @@ class _Loop:
             with timeline.span("checkpoint", config.total_train_steps, final=True):
                 final = self._save_hf("final")
             loop_seconds = time.perf_counter() - t0  # the loop ends here; stopping and plotting follow
+            peaks = peak_rss_by_group(
+                (handle.name, pid) for handle in planes.scheduler.handles if (pid := getattr(handle, "pid", None))
+            )  # fmt: skip
         finally:
             timeline.flush()
             stats_log.close()
             rollout.stop()
         history = stats_log.history
-        plot_reward_curve(history, self.run_dir / "reward_curve.png", f"{config.experiment_name}/{config.trial_name}")
+        title = f"{config.experiment_name}/{config.trial_name}"
+        plot_reward_curve(history, self.run_dir / "reward_curve.png", title, eval_at_start=first_eval)
         rewards = [row["reward/mean"] for row in history]
         return RunSummary(
             steps=len(history),
@@ -535,6 +567,8 @@ class _Loop:
             reward_first=rewards[0] if rewards else 0.0,
             reward_last=_mean(rewards[-5:]),
             eval_accuracy=last_eval,
+            eval_accuracy_start=first_eval,
+            peak_rss=peaks,
             episode_failures=self.rollout.failures.run,
             reward_failures=self.planes.rewards.failures.run,
             run_dir=self.run_dir,

