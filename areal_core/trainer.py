@@ -321,7 +321,8 @@ class _Loop:
 
     def _evaluate(self, step: int) -> float:
         """Greedy accuracy (mean reward) on the held-out set, through the live servers; each answer
-        is appended to ``eval_samples.jsonl`` in the run directory (step, id, reward, completion)."""
+        is appended to ``eval_samples.jsonl`` in the run directory (step, id, reward, completion and
+        the item's gold ``answer``, if it has one)."""
         import asyncio
 
         async def one(item: dict[str, Any]) -> Trajectory:
@@ -333,9 +334,10 @@ class _Loop:
 
         trajs = self.rollout.run(all_items())
         with (self.run_dir / EVAL_SAMPLES_FILE).open("a") as out:
-            for traj in trajs:
+            for item, traj in zip(self.valid_items, trajs, strict=True):
                 row = {"step": step, "id": traj.prompt_id, "reward": traj.reward, "output_tokens": traj.n_output_tokens,
-                       "stop_reason": traj.info.get("stop_reason"), "completion": traj.info.get("completion")}  # fmt: skip
+                       "stop_reason": traj.info.get("stop_reason"), "completion": traj.info.get("completion"),
+                       "answer": item.get("answer")}  # fmt: skip
                 out.write(json.dumps(row) + "\n")
         return _mean([traj.reward for traj in trajs])
 
