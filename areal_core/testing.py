@@ -213,6 +213,52 @@ def save_tokenizer_without_eos(base: Any, out: Any) -> None:
     tokenizer.save_pretrained(out)
 
 
+class InProcessTrainer:
+    """Test double of ``TrainWorkerGroup`` for the weight updaters: a transformers model in this process,
+    the one at ``base`` with N(0, ``scale``) noise (:func:`perturbed_model`).
+
+    ``disk`` uses ``save_hf``; ``xccl`` opens the engine's own weight channel in this process (as
+    trainer rank 0) and sends its parameters through it, like the training workers do.
+    """
+
+    rendezvous_host = "127.0.0.1"  # this process hosts the channel's rendezvous
+
+    def __init__(self, base: Any, seed: int, device: Any, scale: float = 0.2) -> None:
+        self.base = base
+        self.model = perturbed_model(base, seed=seed, scale=scale)
+        self.device = device
+        self._channel: Any = None
+
+    def save_hf(self, path: str) -> None:
+        self.model.save_pretrained(path)
+        save_tokenizer_without_eos(self.base, path)
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(name, "float32", tuple(p.shape)) for name, p in self.model.named_parameters()]
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return ((name, p.detach().to(self.device)) for name, p in self.model.named_parameters())
+
+    def open_weight_channel(self, spec: Any) -> None:
+        import attrs
+
+        from areal_core.api.weight_channel import open_channel
+
+        if self.device.type == "cpu" and spec.backend in ("nccl", "hccl"):  # one GPU: the engine's
+            spec = attrs.evolve(spec, backend="gloo")  # nccl cannot reach a CPU trainer
+        self._channel = open_channel(spec, rank=0, device=self.device)
+        self._channel.join()
+
+    def send_weights(self, version: int) -> None:
+        assert self._channel is not None, "open_weight_channel first"
+        self._channel.send(self, version)
+
+    def close_weight_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.leave()
+            self._channel = None
+
+
 def assert_greedy_under(model: Any, prefix: list[int], tokens: list[int], tol: float = 1e-3) -> None:
     """Each of ``tokens`` is a (near-)argmax of ``model`` given everything before it.
 
@@ -273,14 +319,14 @@ def random_adapter(base_dir: Any, out: Any, lora: Any, seed: int, scale: float =
     return model.merge_and_unload().eval()
 
 
-def assert_logprobs_under(model: Any, responses: list[Any], atol: float) -> None:
-    """Each response's sampled log-probs (temperature 1) equal ``model``'s within ``atol``."""
+def assert_logprobs_under(model: Any, responses: list[Any], atol: float, temperature: float = 1.0) -> None:
+    """Each response's sampled log-probs (at ``temperature``) equal ``model``'s within ``atol``."""
     import torch
 
     for resp in responses:
         ids = torch.tensor([resp.input_ids + resp.output_ids])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(resp.input_ids) - 1 : -1].float()
+            logits = model(ids).logits[0, len(resp.input_ids) - 1 : -1].float() / temperature
         want = logits.log_softmax(-1).gather(-1, torch.tensor(resp.output_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(resp.logprobs), want, atol=atol, rtol=0)
 

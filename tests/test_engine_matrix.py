@@ -37,9 +37,11 @@ from areal_core.plugins import load_plugins
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.local import LocalScheduler
 from areal_core.testing import (
+    InProcessTrainer,
     LoopThread,
     assert_greedy_on_kept_cache,
     assert_greedy_under,
+    assert_logprobs_under,
     generate_all,
     greedy_request,
     hf_greedy,
@@ -50,7 +52,7 @@ from areal_core.testing import (
     vllm_requests_running,
 )
 from areal_core.tiny_model import ensure_tiny_model
-from areal_core.api.weight_channel import ChannelSpec, WeightChannel, open_channel, plan_buckets
+from areal_core.api.weight_channel import plan_buckets
 
 pytestmark = pytest.mark.slow
 
@@ -153,47 +155,6 @@ def restore(served: Served) -> Iterator[Served]:
     served.engine.load_weights_from_disk(str(served.base_dir), 0)
 
 
-class InProcessTrainer:
-    """Test double of ``TrainWorkerGroup`` for the weight updaters: a transformers model in this process.
-
-    ``disk`` uses ``save_hf``; ``xccl`` opens the engine's own weight channel in this process (as
-    trainer rank 0) and sends its parameters through it, like the training workers do.
-    """
-
-    def __init__(self, base: Path, seed: int, device: torch.device) -> None:
-        self.base = base
-        self.model = perturbed_model(base, seed=seed, scale=0.2)
-        self.device = device
-        self._channel: WeightChannel | None = None
-
-    def save_hf(self, path: str) -> None:
-        self.model.save_pretrained(path)
-        save_tokenizer_without_eos(self.base, path)
-
-    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        return [(name, "float32", tuple(p.shape)) for name, p in self.model.named_parameters()]
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return ((name, p.detach().to(self.device)) for name, p in self.model.named_parameters())
-
-    rendezvous_host = "127.0.0.1"  # this process hosts the channel's rendezvous
-
-    def open_weight_channel(self, spec: ChannelSpec) -> None:
-        if self.device.type == "cpu" and spec.backend in ("nccl", "hccl"):  # one GPU (see _xccl_platform):
-            spec = attrs.evolve(spec, backend="gloo")  # the engine's nccl cannot reach a CPU trainer
-        self._channel = open_channel(spec, rank=0, device=self.device)
-        self._channel.join()
-
-    def send_weights(self, version: int) -> None:
-        assert self._channel is not None, "open_weight_channel first"
-        self._channel.send(self, version)
-
-    def close_weight_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.leave()
-            self._channel = None
-
-
 def _xccl_platform(served: Served) -> tuple[Platform, torch.device]:
     """The platform whose ``dist_backend`` the xccl group uses, and the trainer double's device.
 
@@ -234,13 +195,8 @@ def test_sampled_logprobs_match_a_transformers_forward_and_seeds_repeat(served: 
     params = SamplingParams(max_new_tokens=N_TOKENS, temperature=temperature, seed=11)
     requests = [GenerationRequest(input_ids=p, sampling=params) for p in PROMPTS]
     responses = generate_all(served.engine, requests)
-    for req, resp in zip(requests, responses):
-        ids = torch.tensor([req.input_ids + resp.output_ids])
-        with torch.no_grad():
-            logits = served.model(input_ids=ids).logits[0, len(req.input_ids) - 1 : -1].float()
-        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(resp.output_ids)[:, None])
-        atol = LOGPROB_ATOL[served.kind]
-        torch.testing.assert_close(torch.tensor(resp.logprobs), expected.squeeze(-1), atol=atol, rtol=0)
+    assert [r.input_ids for r in responses] == PROMPTS
+    assert_logprobs_under(served.model, responses, LOGPROB_ATOL[served.kind], temperature)
     again = generate_all(served.engine, requests)
     assert [r.output_ids for r in again] == [r.output_ids for r in responses]
 
