@@ -109,14 +109,14 @@ def test_bad_run_dir_is_one_line_exit_2(tmp_path, setup, message):
 
 @pytest.mark.slow
 def test_a_real_run_records_its_timeline_and_areal_timeline_draws_it(uninterrupted_run):
-    run_dir = uninterrupted_run.run_dir  # 4 synchronous steps, eval at steps 2 and 4 (tests/quickstart_runs.py)
+    run_dir = uninterrupted_run.run_dir  # 4 synchronous steps, eval before step 1 and at steps 2 and 4 (tests/quickstart_runs.py)
     rows = [json.loads(line) for line in (run_dir / TIMELINE_FILE).read_text().splitlines()]
     spans = [r for r in rows if r["ev"] == "span"]
     names = {(s["name"], s["step"]) for s in spans}
     for step in range(1, 5):
         for name in ("rollout_wait", "train", "minibatch", "rpc", "weight_update", "weight_stage", "pause", "weight_load", "resume"):
             assert (name, step) in names, (name, step)
-    assert {s["step"] for s in spans if s["name"] == "eval"} == {2, 4}
+    assert {s["step"] for s in spans if s["name"] == "eval"} == {0, 2, 4}  # 0: stats.eval_at_start
     assert ("checkpoint", 4) in names
     assert all(s["t1"] >= s["t0"] for s in spans)
     # the time/* stats are the spans' lengths
