@@ -322,24 +322,35 @@ class _Loop:
     def _evaluate(self, step: int) -> float:
         """Greedy accuracy (mean reward) on the held-out set, through the live servers; each answer
         is appended to ``eval_samples.jsonl`` in the run directory (step, id, reward, completion and
-        the item's gold ``answer``, if it has one)."""
+        the item's gold ``answer``, if it has one). An episode that fails scores 0, its error in
+        its row and one line for all of them."""
         import asyncio
 
-        async def one(item: dict[str, Any]) -> Trajectory:
-            (traj,) = await self.eval_workflow(self.planes.engine, item)
+        async def one(item: dict[str, Any]) -> Trajectory | Exception:
+            try:
+                (traj,) = await self.eval_workflow(self.planes.engine, item)
+            except Exception as exc:  # noqa: BLE001 - a failed held-out episode scores 0, as in training
+                return exc
             return traj
 
-        async def all_items() -> list[Trajectory]:
+        async def all_items() -> list[Trajectory | Exception]:
             return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
 
-        trajs = self.rollout.run(all_items())
+        results = self.rollout.run(all_items())
         with (self.run_dir / EVAL_SAMPLES_FILE).open("a") as out:
-            for item, traj in zip(self.valid_items, trajs, strict=True):
-                row = {"step": step, "id": traj.prompt_id, "reward": traj.reward, "output_tokens": traj.n_output_tokens,
-                       "stop_reason": traj.info.get("stop_reason"), "completion": traj.info.get("completion"),
-                       "answer": item.get("answer")}  # fmt: skip
+            for item, result in zip(self.valid_items, results, strict=True):
+                row: dict[str, Any] = {"step": step, "id": str(item["id"]), "answer": item.get("answer")}
+                if isinstance(result, Exception):
+                    row.update(reward=0.0, error=f"{type(result).__name__}: {result}")
+                else:
+                    row.update(reward=result.reward, output_tokens=result.n_output_tokens,
+                               stop_reason=result.info.get("stop_reason"), completion=result.info.get("completion"))  # fmt: skip
                 out.write(json.dumps(row) + "\n")
-        return _mean([traj.reward for traj in trajs])
+        failed = [result for result in results if isinstance(result, Exception)]
+        if failed:
+            say(f"evaluation at step {step}: {len(failed)} of {len(results)} held-out episodes failed and score 0 "
+                f"(last: {type(failed[-1]).__name__}: {failed[-1]})")  # fmt: skip
+        return _mean([0.0 if isinstance(result, Exception) else result.reward for result in results])
 
     def _evaluate_at_start(self, start_step: int, timeline: Timeline) -> float | None:
         """The held-out accuracy before training (the summary's and the reward curve's step 0; its

@@ -33,7 +33,7 @@ def step_figures(rows: list[dict]) -> dict[str, float]:
         "computed": computed / n,
         "missed": computed / n - accuracy,
         "boxed": boxed / n,
-        "tokens": sum(r["output_tokens"] for r in rows) / n,
+        "tokens": sum(r.get("output_tokens", 0) for r in rows) / n,  # a failed episode has none
     }
 
 
