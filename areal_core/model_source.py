@@ -10,6 +10,7 @@ afterwards. Every failure is one :class:`ConfigError` line naming the key and le
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -132,8 +133,16 @@ def _target(source: str, models_root: Path, key: str) -> tuple[Path, Path]:
 
 def _digest(path: Path) -> str:
     """A short hash of the file's size and content: another file never reuses a directory."""
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
+    stat = path.stat()
+    return _content_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _content_digest(path: str, size: int, mtime_ns: int) -> str:
+    """:func:`_digest` of a file as it was at (``size``, ``mtime_ns``): preflight and the trainer
+    ask for the same file in one run, and it is read once."""
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()[:10]
