@@ -90,6 +90,9 @@ class RolloutConfig:
     servers: int = attrs.field(default=1, validator=_ge(1))
     devices_per_server: int = attrs.field(default=1, validator=_ge(1))
     threads_per_server: int = attrs.field(default=1, validator=_ge(1))
+    # CPU cores (as os.sched_getaffinity numbers them) every server and its threads are pinned to,
+    # local scheduler only; empty: not pinned. With actor.cpus: servers and trainers on their own cores
+    cpus: list[int] = attrs.Factory(list)
     max_concurrent_rollouts: int = attrs.field(default=64, validator=_ge(1))
     max_head_offpolicyness: int = attrs.field(default=2, validator=_ge(0))
     # What a weight update does to requests in flight: "abort" them (they are re-sent, prompt + partial
@@ -153,6 +156,7 @@ class ActorConfig:
     weight_update_timeout_s: float = attrs.field(default=300.0, validator=_gt(0))  # deadline of each xccl step
     world_size: int = attrs.field(default=1, validator=_ge(1))
     threads_per_worker: int = attrs.field(default=1, validator=_ge(1))
+    cpus: list[int] = attrs.Factory(list)  # CPU cores every training worker is pinned to; see rollout.cpus
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
     ppo_n_minibatches: int = attrs.field(default=1, validator=_ge(1))
     max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
@@ -489,6 +493,7 @@ def check_config(config: Config) -> None:
             "clip-higher must be >= eps_clip",
         )
     _check_cluster(config)
+    _check_cpus(config)
     _check_model_path_value(config.model.path)
     if config.actor.lora is not None:
         _check_lora(config.actor.lora)
@@ -501,6 +506,20 @@ def check_config(config: Config) -> None:
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):
             raise ConfigError(key, f"{value!r} must be a plain directory name")
+
+
+def _check_cpus(config: Config) -> None:
+    """``rollout.cpus`` / ``actor.cpus``: distinct cores this process may use, local scheduler only."""
+    for key, cpus in (("rollout.cpus", config.rollout.cpus), ("actor.cpus", config.actor.cpus)):
+        if not cpus:
+            continue
+        if config.scheduler != "local":
+            raise ConfigError(key, f"pins processes under the local scheduler only (scheduler: {config.scheduler}); remove it")
+        available = sorted(os.sched_getaffinity(0))
+        bad = [c for c in cpus if c not in available]
+        if bad or len(set(cpus)) != len(cpus):
+            what = f"CPU {bad[0]!r} is not available here" if bad else f"{cpus} repeats a CPU"
+            raise ConfigError(key, f"{what}; give distinct CPUs from {available}")
 
 
 def _check_model_path_value(path: str) -> None:

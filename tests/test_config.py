@@ -81,6 +81,9 @@ BAD_INPUTS = [
     (["actor.world_size.x=1"], "actor.world_size: expected an integer, got {'x': 1}"),
     (["actor.world_size=1", "actor.world_size.x=1"], "actor.world_size: is a value, not a section"),
     (["noequals"], "overrides look like dotted.key=value"),
+    (["rollout.cpus=[100000]"], "rollout.cpus: CPU 100000 is not available here; give distinct CPUs from ["),
+    (["actor.cpus=[0, 0]"], "actor.cpus: [0, 0] repeats a CPU; give distinct CPUs from ["),
+    (["scheduler=ray", "actor.cpus=[0]"], "actor.cpus: pins processes under the local scheduler only (scheduler: ray)"),
 ]
 
 

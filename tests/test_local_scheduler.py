@@ -1,5 +1,5 @@
 """The local scheduler stops a process's whole group, also after its leader died first (a SIGKILLed
-vLLM server leaves its engine-core child running otherwise)."""
+vLLM server leaves its engine-core child running otherwise), and pins a process to its ``cpus``."""
 
 from __future__ import annotations
 
@@ -59,3 +59,28 @@ def test_stopping_a_process_whose_leader_was_killed_stops_its_orphaned_child(tmp
         scheduler.stop_all()
         if _running(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_process_runs_on_its_cpus_with_its_threads_and_children(tmp_path):
+    available = sorted(os.sched_getaffinity(0))
+    cpus = (available[-1],)
+    out = tmp_path / "affinity"
+    # the process reports its own affinity, a thread's and a child's (all inherit the pin)
+    script = (
+        "import os, subprocess, sys, threading\n"
+        "seen = [os.sched_getaffinity(0)]\n"
+        "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0))); t.start(); t.join()\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+        " capture_output=True, text=True).stdout.strip()\n"
+        "open(sys.argv[1], 'w').write(repr([sorted(s) for s in seen] + [eval(child)]))\n"
+    )
+    scheduler = LocalScheduler(CpuPlatform())
+    try:
+        handle = scheduler.start(ProcessSpec(name="pinned", cmd=[sys.executable, "-c", script, str(out)], cpus=cpus))
+        assert handle.popen.wait(30) == 0
+        unpinned = scheduler.start(ProcessSpec(name="free", cmd=[sys.executable, "-c", script, str(tmp_path / "free")]))
+        assert unpinned.popen.wait(30) == 0
+    finally:
+        scheduler.stop_all()
+    assert eval(out.read_text()) == [list(cpus)] * 3
+    assert eval((tmp_path / "free").read_text()) == [available] * 3

@@ -18,6 +18,7 @@ class ProcessSpec:
     cmd: list[str]
     env: dict[str, str] = attrs.Factory(dict)
     threads: int = 1  # CPU threads the process may use (OMP/MKL/torch)
+    cpus: tuple[int, ...] = ()  # CPU cores it (its threads and children) is pinned to; (): not pinned
     devices: tuple[int, ...] = ()  # accelerator indices, exposed via platform.visible_devices_env
     log_file: str | None = None  # stdout+stderr go here when set
     role: str = ""  # "server" or "trainer": the ray scheduler adds that role's node resources

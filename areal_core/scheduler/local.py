@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -62,6 +63,13 @@ def die_with_parent() -> None:
         pass
 
 
+def _prepare_child(cpus: tuple[int, ...]) -> None:
+    """``preexec_fn``: die with the parent, and run on ``cpus`` (inherited by every thread and child)."""
+    die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def spawn(
     spec: ProcessSpec,
     base_env: Mapping[str, str],
@@ -70,7 +78,7 @@ def spawn(
     cwd: str | None = None,
 ) -> subprocess.Popen:
     """Start ``spec.cmd`` in its own session: ``base_env`` plus the thread variables, the visible
-    ``devices`` and ``spec.env``; output to ``spec.log_file``; dies with its parent."""
+    ``devices`` and ``spec.env``; output to ``spec.log_file``; pinned to ``spec.cpus``; dies with its parent."""
     env = dict(base_env)
     env.update({var: str(spec.threads) for var in _THREAD_VARS})
     if visible_devices_env and devices:
@@ -86,7 +94,7 @@ def spawn(
             stderr=subprocess.STDOUT if out else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: stop() reaches its children too
-            preexec_fn=die_with_parent,  # no orphans if the parent is killed
+            preexec_fn=functools.partial(_prepare_child, spec.cpus),  # no orphans if the parent is killed
         )
     finally:
         if out:

@@ -120,6 +120,7 @@ class TrainWorkerGroup:
                 ],
                 env=env,
                 threads=self.config.actor.threads_per_worker,
+                cpus=tuple(self.config.actor.cpus),
                 devices=trainer_devices(self.config, self.platform, rank),
                 log_file=str(self.log_file(rank)),
                 role="trainer",
