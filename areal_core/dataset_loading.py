@@ -47,10 +47,18 @@ def fit_context(
 
     from areal_core.api.workflow import encode_chat
 
-    budget = context - max_new_tokens
     def n_tokens(prompt: str) -> int:
         return len(encode_chat(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True))
 
+    budget = context - max_new_tokens
+    if budget < 1:  # no prompt can fit: name the setting, not a negative prompt length
+        shortest = min(n_tokens(item["prompt"]) for item in items)
+        room = f"at most {context - shortest} leaves room for" if shortest < context else "no value fits"
+        raise ConfigError(
+            "gconfig.max_new_tokens",
+            f"{max_new_tokens} alone fills the model's context of {context} tokens; {room} the shortest "
+            f"{split} prompt ({shortest} tokens)",
+        )
     kept = [item for item in items if n_tokens(item["prompt"]) <= budget]
     dropped = len(items) - len(kept)
     if not dropped:

@@ -258,4 +258,14 @@ def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog
     with pytest.raises(ConfigError, match=r"^valid_dataset.overlong: 2 of 4 valid prompts are longer than \d+ tokens"):
         fit_context(items, tokenizer, short + 4, 4, DatasetConfig(name="arith", overlong="error"), "valid")
     with pytest.raises(ConfigError, match="4 of 4 train prompts"):  # nothing left: refused whatever the policy
+        fit_context(items, tokenizer, 5, 4, drop, "train")
+    # max_new_tokens alone fills the context: the message names it and the largest value that fits
+    with pytest.raises(ConfigError) as err:
+        fit_context(items, tokenizer, short + 4, 100_000, drop, "train")
+    shortest = short - 2  # "1+2=" is two tokens shorter than "1+1+2="
+    assert str(err.value) == (
+        f"gconfig.max_new_tokens: 100000 alone fills the model's context of {short + 4} tokens; at most "
+        f"{short + 4 - shortest} leaves room for the shortest train prompt ({shortest} tokens)"
+    )
+    with pytest.raises(ConfigError, match="; no value fits the shortest train prompt"):
         fit_context(items, tokenizer, 4, 4, drop, "train")
