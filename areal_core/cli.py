@@ -208,8 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line. Overrides may sit on both sides of ``--config`` (``run a=1 --config
+    x.yaml b=2``): argparse stops a positional list at the option, so what follows joins it."""
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        if not isinstance(getattr(ns, "args", None), list) or any(a.startswith("-") for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args += extra
+    return ns
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    ns = parse(argv)
     try:
         return ns.func(ns)
     except ArealError as exc:

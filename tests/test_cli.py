@@ -151,6 +151,18 @@ def test_config_file_as_argument_or_after_dash_dash_config_is_the_same(tmp_path)
     assert flag.stdout == positional.stdout and "experiment_name: quickstart" in flag.stdout
 
 
+def test_overrides_on_both_sides_of_dash_dash_config_apply_in_order():
+    from areal_core.cli import parse
+
+    ns = parse(["run", "seed=1", "--config", CONFIG, "seed=2", "total_train_steps=3"])
+    assert (ns.config, ns.args) == (CONFIG, ["seed=1", "seed=2", "total_train_steps=3"])
+    both = _areal("config", "seed=1", "--config", CONFIG, "seed=2", "total_train_steps=3")
+    assert both.returncode == 0, both.stderr
+    assert "seed: 2\n" in both.stdout and "total_train_steps: 3\n" in both.stdout
+    stray = _areal("config", "seed=1", "--config", CONFIG, "--nope")
+    assert stray.returncode == 2 and "unrecognized arguments: --nope" in stray.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
