@@ -190,6 +190,8 @@ class DatasetConfig:
     shuffle: bool = True
     options: dict[str, Any] = attrs.Factory(dict)  # dataset-specific knobs
     overlong: Literal["drop", "error"] = "drop"  # prompts that leave no room for max_new_tokens in the context
+    # Each item this many times (ids suffixed #0, #1, ...): a batch larger than the data, as other trainers repeat
+    repeat: int = attrs.field(default=1, validator=_ge(1))
 
 
 @frozen

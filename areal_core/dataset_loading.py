@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 def load_dataset(config: DatasetConfig, split: str, plugins: Plugins | None = None) -> list[dict[str, Any]]:
-    """Load ``config.name`` through its registered loader and check the items it returns."""
+    """Load ``config.name`` through its registered loader and check the items it returns; with
+    ``config.repeat`` K, K copies of them under distinct ids (``<id>#<copy>``)."""
     if plugins is None:
         from areal_core.plugins import load_plugins
 
@@ -28,6 +29,8 @@ def load_dataset(config: DatasetConfig, split: str, plugins: Plugins | None = No
         if item["id"] in seen:
             raise PluginError(f"dataset {config.name!r} repeats item id {item['id']!r}; ids must be unique")
         seen.add(item["id"])
+    if config.repeat > 1:
+        items = [{**item, "id": f"{item['id']}#{k}"} for k in range(config.repeat) for item in items]
     if not items:
         where = f" in {config.path!r}" if config.path else ""
         key = f"{dataset_key(split)}.{'path' if config.path else 'name'}"

@@ -66,11 +66,13 @@ def datasets(config: Config, plugins: Plugins, *, fetch: bool = True) -> dict[st
         if fetch or not is_hub_id(cfg.path)
     }
     train = loaded.get("train")
-    if train is not None and len(train) < config.train_dataset.batch_size:
+    batch = config.train_dataset.batch_size
+    if train is not None and len(train) < batch:
+        copies = -(-batch * config.train_dataset.repeat // len(train))
         raise ConfigError(
             "train_dataset.batch_size",
-            f"{config.train_dataset.batch_size} prompts per step, but the train dataset has {len(train)} items "
-            "(a step would take some twice); lower it or use more data",
+            f"{batch} prompts per step, but the train dataset has {len(train)} items (a step would take some "
+            f"twice); lower it, use more data, or repeat each item: train_dataset.repeat={copies}",
         )
     return loaded
 

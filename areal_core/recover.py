@@ -39,6 +39,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "train_dataset.size",
     "train_dataset.shuffle",
     "train_dataset.options",
+    "train_dataset.repeat",
 )
 
 

@@ -85,8 +85,9 @@ def summarize(rewards: list[float], elapsed: list[float], accuracy: float, wall:
 # ---------------------------------------------------------------------------------------- ours
 def run_ours(seed: int, fileroot: Path, steps: int) -> dict:
     trial = f"seed{seed}"
-    cmd = [sys.executable, "-m", "areal_core.launcher.local", str(Path("bench/vs_trl_job.py")),
-           "--config", str(CONFIG), *JOB, f"seed={seed}", f"fileroot={fileroot}",
+    # 32 prompts a step from the 25 items: each item twice, under distinct ids, as TRL repeats its list
+    cmd = [sys.executable, "-m", "areal_core.cli", "run", "--config", str(CONFIG), *JOB, "train_dataset.repeat=2",
+           f"seed={seed}", f"fileroot={fileroot}",
            f"total_train_steps={steps}",
            "stats.progress=false", "experiment_name=vs_trl", f"trial_name={trial}"]
     start = time.perf_counter()

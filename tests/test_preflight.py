@@ -132,6 +132,21 @@ def test_an_empty_dataset_file_blames_the_path(capsys, tmp_path: Path) -> None:
 def test_batch_size_larger_than_the_dataset_is_refused(capsys) -> None:
     message = _fails(capsys, "train_dataset.size=4", "train_dataset.batch_size=8")
     assert message.startswith("train_dataset.batch_size: 8 prompts per step, but the train dataset has 4 items")
+    assert message.endswith("or repeat each item: train_dataset.repeat=2")
+    message = _fails(capsys, "train_dataset.size=3", "train_dataset.repeat=2", "train_dataset.batch_size=8")
+    assert message.endswith("has 6 items (a step would take some twice); lower it, use more data, or repeat each "
+                            "item: train_dataset.repeat=3")
+
+
+def test_a_repeated_dataset_takes_a_batch_larger_than_its_items() -> None:
+    from areal_core.plugins import load_plugins
+    from areal_core.preflight import datasets
+
+    config = load_config(None, ["train_dataset.size=4", "train_dataset.repeat=2", "train_dataset.batch_size=8"])
+    train = datasets(config, load_plugins())["train"]
+    assert len(train) == 8 and len({item["id"] for item in train}) == 8
+    assert [item["prompt"] for item in train[:4]] == [item["prompt"] for item in train[4:]]
+    assert {item["id"].rsplit("#", 1)[1] for item in train} == {"0", "1"}
 
 
 def test_a_hub_dataset_is_not_fetched_by_areal_config(capsys, monkeypatch, tmp_path: Path) -> None:
