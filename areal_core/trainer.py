@@ -60,6 +60,7 @@ class RunSummary:
     peak_rss: dict[str, tuple[int, int]] = attrs.Factory(dict)  # process group -> (processes, bytes)
     episode_failures: FailureCounts  # failed episode attempts (retries included)
     reward_failures: FailureCounts  # reward calls that raised, timed out or killed their worker
+    eval_failures: FailureCounts = attrs.Factory(FailureCounts)  # held-out episodes that failed (scored 0)
     run_dir: Path
     final_model: Path
 
@@ -69,7 +70,8 @@ class RunSummary:
         acc = "-" if self.eval_accuracy is None else f"{self.eval_accuracy:.2f}"
         if self.eval_accuracy_start is not None:
             acc = f"{self.eval_accuracy_start:.2f} -> {acc}"
-        ep, rw = self.episode_failures, self.reward_failures
+        ep, rw, ev = self.episode_failures, self.reward_failures, self.eval_failures
+        held_out = f"   {ev.failed} of {ev.total} held-out episodes ({ev.rate:.0%})" if ev.total else ""
         return "\n".join(
             [
                 f"steps {self.steps}   samples {self.samples}   generated tokens {self.output_tokens}   ({rate:.0f} tokens/s)",
@@ -77,7 +79,7 @@ class RunSummary:
                 f"   training {self.wall_seconds:.0f}s",
                 f"train reward {self.reward_first:.2f} -> {self.reward_last:.2f}   held-out greedy accuracy {acc}",
                 f"failures     {ep.failed} of {ep.total} episode attempts ({ep.rate:.0%})   "
-                f"{rw.failed} of {rw.total} reward calls ({rw.rate:.0%})",
+                f"{rw.failed} of {rw.total} reward calls ({rw.rate:.0%}){held_out}",
                 *([f"peak RSS     {render_peaks(self.peak_rss)}"] if self.peak_rss else []),
                 f"run dir      {self.run_dir}",
                 f"final model  {self.final_model}",
@@ -295,6 +297,7 @@ class _Loop:
         self.run_dir = config.run_dir
         self.timeline = Timeline(None)  # replaced by the run's recorder in run()
         self.aborted_updates = 0  # weight updates that left the servers on their previous weights
+        self.eval_failures = FailureCounts()  # held-out episodes of every evaluation so far
 
     # ------------------------------------------------------------------ helpers
     def _restore(self) -> int:
@@ -347,6 +350,7 @@ class _Loop:
                                stop_reason=result.info.get("stop_reason"), completion=result.info.get("completion"))  # fmt: skip
                 out.write(json.dumps(row) + "\n")
         failed = [result for result in results if isinstance(result, Exception)]
+        self.eval_failures = FailureCounts(self.eval_failures.failed + len(failed), self.eval_failures.total + len(results))
         if failed:
             say(f"evaluation at step {step}: {len(failed)} of {len(results)} held-out episodes failed and score 0 "
                 f"(last: {type(failed[-1]).__name__}: {failed[-1]})")  # fmt: skip
@@ -584,6 +588,7 @@ class _Loop:
             peak_rss=peaks,
             episode_failures=self.rollout.failures.run,
             reward_failures=self.planes.rewards.failures.run,
+            eval_failures=self.eval_failures,
             run_dir=self.run_dir,
             final_model=final,
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from areal_core.config import TinyModelSpec
 from areal_core.rollout.failures import FailureCounts
 from areal_core.tiny_model import ensure_tiny_model
@@ -34,6 +36,10 @@ def test_summary_reports_start_up_training_and_failure_rates(tmp_path):
     assert lines[1] == "wall 31s   start-up 24s   training 6s"
     assert lines[3] == "failures     1 of 10 episode attempts (10%)   32 of 32 reward calls (100%)"
     assert f"run dir      {run_dir}" in lines
+    with_eval = attrs.evolve(summary, eval_failures=FailureCounts(3, 12))
+    assert with_eval.render().splitlines()[3] == (
+        "failures     1 of 10 episode attempts (10%)   32 of 32 reward calls (100%)   3 of 12 held-out episodes (25%)"
+    )
 
 
 def test_building_the_tiny_model_draws_no_progress_bar(tmp_path: Path, capfd):
