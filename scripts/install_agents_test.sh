@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-agents}"
-python -m venv --system-site-packages "$venv"
+python scripts/layered_venv.py "$venv"  # sees this environment's packages, from a venv too
 python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["agents-test"]))' \
   > "$venv/agents-test.txt"
 "$venv/bin/python" -m pip install --quiet -r "$venv/agents-test.txt"

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-sglang}"
-python -m venv --system-site-packages "$venv"
+python scripts/layered_venv.py "$venv"  # sees this environment's packages, from a venv too
 "$venv/bin/python" -m pip install --quiet --no-deps sglang==0.5.23 triton==3.9.0
 "$venv/bin/python" -c "from sglang.srt.utils.common import init_custom_process_group"
 echo "installed sglang (CPU, for its weight-group code) in $venv: export AREAL_SGLANG_PYTHON=$(cd "$venv" && pwd)/bin/python"
