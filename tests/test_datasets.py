@@ -203,7 +203,7 @@ def test_gsm8k_missing_data_names_the_path_key(tmp_path: Path, monkeypatch, path
     assert err.value.key == "train_dataset.path" and message in str(err.value)
 
 
-@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason=f"shared GSM8K data not found at {SHARED_GSM8K}")
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason=f"shared GSM8K data not found at {SHARED_GSM8K}: put the shared/data directory beside the clone, as CI has it")
 def test_gsm8k_shared_data_through_the_plugin_registry():
     config = load_config(None, ["train_dataset.name=gsm8k", f"train_dataset.path={SHARED_GSM8K}"])
     train = load_dataset(config.train_dataset, "train", load_plugins(autoload=False))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("importlinter")
-tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+pytest.importorskip("importlinter", reason="import-linter is not installed: pip install -e '.[test]'")
+tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli", reason="pip install -e '.[test]'")
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIRS = sorted(p for p in (REPO / "plugins").iterdir() if (p / "pyproject.toml").exists())

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-pytest.importorskip("accelerate")
+gguf = pytest.importorskip("gguf", reason="gguf is not installed: pip install -e '.[gguf]'")
+pytest.importorskip("accelerate", reason="accelerate is not installed: pip install -e '.[gguf]'")
 
 from areal_core import model_source  # noqa: E402
 from areal_core.api.errors import ConfigError  # noqa: E402

@@ -45,7 +45,7 @@ def test_hf_engine_args_are_checked_at_config_time(capsys, engine_args: str, mes
 
 
 def test_vllm_engine_args_pass_through(capsys) -> None:
-    pytest.importorskip("areal_engine_vllm")
+    pytest.importorskip("areal_engine_vllm", reason="plugins/engine_vllm is not installed: pip install -e plugins/engine_vllm")
     rc, err = _config(capsys, "rollout.engine=vllm", "rollout.engine_args={max-num-seqs: 4, any-flag: true}")
     assert rc == 0, err
 
@@ -93,7 +93,7 @@ def test_fileroot_read_only_for_a_normal_user(capsys, tmp_path: Path) -> None:
     import os
 
     if os.geteuid() == 0:
-        pytest.skip("root writes to read-only directories; /proc covers the unwritable case")
+        pytest.skip("root writes to read-only directories (run as another user to check it); /proc covers the unwritable case")
     root = tmp_path / "ro"
     root.mkdir(mode=0o500)
     assert _fails(capsys, f"fileroot={root}/runs").startswith(f"fileroot: cannot create directories in {str(root)!r}")
@@ -201,7 +201,7 @@ def test_a_config_path_that_is_a_directory_says_so(capsys, tmp_path: Path) -> No
 
 
 def test_a_plugin_filtered_out_by_areal_plugins_says_so(capsys, monkeypatch) -> None:
-    pytest.importorskip("areal_engine_vllm")
+    pytest.importorskip("areal_engine_vllm", reason="plugins/engine_vllm is not installed: pip install -e plugins/engine_vllm")
     monkeypatch.setenv("AREAL_PLUGINS", "reshard_disk")
     assert _fails(capsys, "rollout.engine=vllm") == (
         "rollout.engine: engine 'vllm' is installed (plugin 'engine_vllm' from areal-engine-vllm) but "

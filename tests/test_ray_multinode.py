@@ -32,7 +32,7 @@ from areal_core.api.errors import ProcessFailedError
 from areal_core.control_endpoint import control_call
 from areal_core.rollout.ledger import audit, read_ledger
 
-pytest.importorskip("ray")
+pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 pytestmark = pytest.mark.slow
 
 NODE2_IP = "127.0.0.2"
@@ -199,7 +199,7 @@ def test_a_dead_node_s_server_is_replaced_on_node_1_and_no_sample_is_lost(cluste
 def test_a_fileroot_another_node_does_not_see_fails_at_start_with_one_line(cluster, tmp_path, marks):
     """Node 4 runs in a mount namespace of its own where ``fileroot`` is another directory."""
     if subprocess.run(["unshare", "--mount", "true"], check=False, capture_output=True).returncode != 0:
-        pytest.skip("needs `unshare --mount` (root) to give a node its own view of fileroot")
+        pytest.skip("needs `unshare --mount` to give a node its own view of fileroot: run as root (as CI does)")
     fileroot, node_local = tmp_path / "runs", tmp_path / "node-local"
     fileroot.mkdir()
     node_local.mkdir()

@@ -35,7 +35,7 @@ from areal_core.scheduler import ProcessDiedError, ProcessSpec, make_scheduler
 from areal_core.api.scheduler import free_port
 from areal_core.scheduler.ray import ACTOR_LOST, RayScheduler
 
-ray = pytest.importorskip("ray")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 pytestmark = pytest.mark.slow
 
 

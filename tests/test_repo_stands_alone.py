@@ -19,7 +19,7 @@ def test_no_product_file_references_the_shared_directory() -> None:
     try:
         listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
+        pytest.skip("not a git checkout: run it in a git clone of the repository")
     offenders = []
     for path in filter(None, listed.decode().split("\0")):
         if _is_test_file(path) or not (REPO / path).is_file():

@@ -89,5 +89,5 @@ def test_example_plugin_is_absent_unless_installed():
     except md.PackageNotFoundError:
         pass
     else:
-        pytest.skip("areal-reward-example is installed in this environment")
+        pytest.skip("areal-reward-example is installed in this environment: pip uninstall areal-reward-example to run it")
     assert "arith_length_penalty" not in load_plugins().names("reward")

@@ -63,7 +63,7 @@ def test_math_reward_is_integer_equality(gold, guess, style):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason=f"shared GSM8K data not found at {GSM8K_TEST}")
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason=f"shared GSM8K data not found at {GSM8K_TEST}: put the shared/data directory beside the clone, as CI has it")
 def test_gsm8k_gold_solutions_score_one_and_perturbed_ones_zero():
     records = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines()]
     assert len(records) == 1319

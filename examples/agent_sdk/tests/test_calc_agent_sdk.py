@@ -21,7 +21,7 @@ SHORT_RUN = [  # few agent processes at a time: each starts an interpreter and i
     "stats.progress=false",
 ]
 
-pytest.importorskip("agents")  # the agents-test extra
+pytest.importorskip("agents", reason="the agents-test extra: bash scripts/install_agents_test.sh, then run this file with .venv-agents/bin/python -m pytest")
 sys.path.insert(0, str(EXAMPLE))
 
 from sdk_calc_agent import add

@@ -16,7 +16,7 @@ ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n###
 
 
 def _write_parquet(path: Path, rows: list[dict]) -> None:
-    pa = pytest.importorskip("pyarrow")
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed: pip install -e '.[test]'")
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +73,6 @@ def test_a_hub_id_offline_reads_the_cached_snapshot(tmp_path: Path, monkeypatch:
     assert [i["answer"] for i in items] == [r["answer"] for r in ROWS[:3]]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared GSM8K data not found at {SHARED}")
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared GSM8K data not found at {SHARED}: put the shared/data directory beside the clone, as CI has it")
 def test_the_shared_copy_is_the_full_dataset() -> None:
     assert len(load_gsm8k(DatasetConfig(name="gsm8k", path=str(SHARED)), "train")) == 7473

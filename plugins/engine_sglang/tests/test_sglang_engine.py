@@ -70,7 +70,7 @@ def test_server_command_passes_engine_args_and_keeps_the_api_key(tmp_path: Path)
     assert flag["--weight-version"] == "0" and flag["--random-seed"] == "5" and "--enable-x" in cmd
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here: this test covers machines without it")
 def test_launch_without_sglang_says_what_to_install(tmp_path: Path) -> None:
     config = Config(
         fileroot=str(tmp_path), model=ModelConfig(path=str(tmp_path)), rollout=RolloutConfig(engine="sglang")
