@@ -9,6 +9,8 @@ that change a server's weights restore version 0 afterwards.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -274,3 +276,27 @@ def test_a_server_that_dies_at_start_up_reports_its_log(tmp_path: Path) -> None:
     with LocalScheduler(CpuPlatform()) as scheduler:
         with pytest.raises(ArealError, match=r"exited with code \d+ during start-up(.|\n)*log tail"):
             VLLMEngine(config, CpuPlatform()).launch_servers(scheduler)
+
+
+def test_a_sigkilled_server_s_engine_core_is_stopped_when_the_fleet_drops_it(servers: dict[str, Served]) -> None:
+    """SIGKILL leaves vLLM's EngineCore child running (it outlives its leader); removing the lost
+    server, as the fleet does, stops its whole process tree. Last in this module: it ends a server."""
+    import psutil  # vLLM's own dependency
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    engine = servers["untied"].engine
+    (handle,) = engine.server_handles()
+    (address,) = engine.addresses
+    tree = psutil.Process(handle.pid).children(recursive=True)
+    assert any(p.name() == "VLLM::EngineCore" for p in tree), [p.name() for p in tree]
+    os.kill(handle.pid, signal.SIGKILL)
+    handle.popen.wait(10)
+    assert any(running(p) for p in tree), "no process of the server outlived its leader: this test shows nothing"
+    assert engine.remove_server(address, "lost (health check)")
+    psutil.wait_procs(tree, timeout=10)
+    assert not [p for p in tree if running(p)], "a process of the dropped server still runs"
