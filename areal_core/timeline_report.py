@@ -42,6 +42,7 @@ class Record:
     spans: list[SpanRow]
     samples: list[Sample]  # sorted by time
     batch_size: int | None = None  # episodes per batch (from the start line)
+    start_unix: float | None = None  # wall clock of the first start line: span times count from it
 
 
 @attrs.frozen
@@ -87,7 +88,7 @@ def load(run_dir: Path) -> Record:
     if not spans:
         raise ArealError(f"{path}: no trainer phase recorded yet; run at least one step")
     samples.sort(key=lambda s: s.t)
-    return Record(spans, samples, batch_size)
+    return Record(spans, samples, batch_size, first_unix)
 
 
 def idle_intervals(busy: Iterable[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
+from real_job import CONFIG, REPO, eval_points, run_job
 from spread import spread
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "examples" / "smollm2" / "config.yaml"
 EXPERIMENT = "async_vs_sync_real"
 LAYOUTS = {
     "split": ["rollout.cpus=[0]", "actor.cpus=[1]", "rollout.threads_per_server=1", "actor.threads_per_worker=1"],
@@ -41,34 +39,17 @@ LAYOUTS = {
 
 def run(layout: str, staleness: int, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     """One run of the job; its per-step timings and accuracy curve (wall seconds from launch)."""
-    import os
-
     cpus = sorted(os.sched_getaffinity(0))
     pins = [p.replace("[0]", f"[{cpus[0]}]").replace("[1]", f"[{cpus[-1]}]") for p in LAYOUTS[layout]]
-    trial = f"{layout}-k{staleness}-seed{seed}"
-    cmd = ["areal", "run", str(CONFIG), f"seed={seed}", f"fileroot={out}", f"experiment_name={EXPERIMENT}",
-           f"trial_name={trial}", f"total_train_steps={steps}", f"rollout.max_head_offpolicyness={staleness}",
-           "stats.progress=false", *pins, *extra]  # fmt: skip
-    launched = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{trial} failed with code {proc.returncode}:\n{proc.stderr[-3000:]}")
-    run_dir = out / EXPERIMENT / trial
+    overrides = [f"seed={seed}", f"total_train_steps={steps}", f"rollout.max_head_offpolicyness={staleness}", *pins, *extra]
+    run_dir, launched = run_job(out, EXPERIMENT, f"{layout}-k{staleness}-seed{seed}", overrides)
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
-    rewards: dict[int, list[float]] = {}
-    evaluated = run_dir / "eval_samples.jsonl"  # absent with stats.eval_every=0
-    for line in (evaluated.read_text().splitlines() if evaluated.exists() else []):
-        row = json.loads(line)
-        rewards.setdefault(row["step"], []).append(row["reward"])
-    events = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
-    start = next(e["unix"] for e in events if e.get("ev") == "start")
-    ends = {e["step"]: start + e["t1"] - launched for e in events if e.get("ev") == "span" and e["name"] == "eval"}
     rest = rows[1:]  # the first step also holds the first generation and the servers' warm-up
     return {
         "step_s": statistics.mean(r["time/step_s"] for r in rest),
         "wait_s": statistics.mean(r["time/rollout_wait_s"] for r in rest),
         "train_s": statistics.mean(r["time/train_s"] + r["time/weight_update_s"] for r in rest),
-        "curve": sorted((step, ends[step], sum(v) / len(v)) for step, v in rewards.items()),
+        "curve": eval_points(run_dir, launched),
     }
 
 

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "examples" / "smollm2" / "config.yaml"
+from real_job import CONFIG, REPO, eval_points, run_job
+
 EXPERIMENT = "vs_trl_smollm2"
 THREADS = 2
 
@@ -71,29 +71,13 @@ def curve_summary(points: list[tuple[int, float, float]], target_gain: float, se
 
 # ---------------------------------------------------------------------------------------- ours
 def ours_points(run_dir: Path, launched: float) -> tuple[list[tuple[int, float, float]], float]:
-    """Each evaluation of a finished run: (step, seconds from ``launched`` to its end, accuracy),
-    and the mean seconds per training step."""
-    rewards: dict[int, list[float]] = {}
-    for line in (run_dir / "eval_samples.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rewards.setdefault(row["step"], []).append(row["reward"])
-    events = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
-    start = next(e["unix"] for e in events if e.get("ev") == "start")
-    ends = {e["step"]: start + e["t1"] - launched for e in events if e.get("ev") == "span" and e["name"] == "eval"}
+    """Each evaluation of a finished run (:func:`real_job.eval_points`) and the mean seconds per step."""
     steps = [json.loads(line)["time/step_s"] for line in (run_dir / "stats.jsonl").read_text().splitlines()]
-    points = [(step, ends[step], sum(r) / len(r)) for step, r in rewards.items()]
-    return points, sum(steps) / len(steps)
+    return eval_points(run_dir, launched), sum(steps) / len(steps)
 
 
 def run_ours(seed: int, fileroot: Path) -> tuple[list[tuple[int, float, float]], float]:
-    trial = f"seed{seed}"
-    cmd = ["areal", "run", str(CONFIG), f"seed={seed}", f"fileroot={fileroot}", f"experiment_name={EXPERIMENT}",
-           f"trial_name={trial}", "stats.progress=false"]  # fmt: skip
-    launched = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"our run (seed {seed}) failed with code {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return ours_points(fileroot / EXPERIMENT / trial, launched)
+    return ours_points(*run_job(fileroot, EXPERIMENT, f"seed{seed}", [f"seed={seed}"]))
 
 
 # ---------------------------------------------------------------------------------------- TRL

@@ -343,7 +343,8 @@ class HTTPServerEngine(InferenceEngine):
         run_dir = self.config.run_dir.resolve()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         index, self._started = self._started, self._started + 1
-        spec = attrs.evolve(self.server_spec(index, PORT, run_dir, host=BIND_HOST), role="server")
+        spec = self.server_spec(index, PORT, run_dir, host=BIND_HOST)
+        spec = attrs.evolve(spec, role="server", cpus=tuple(self.config.rollout.cpus))  # every engine's servers
         if not spec.devices:
             spec = attrs.evolve(spec, devices=server_devices(self.config, self.platform, device_slot))
         handle = scheduler.start(spec)

@@ -79,7 +79,6 @@ class HFEngine(HTTPServerEngine):
             cmd=cmd,
             env={TOKEN_ENV: self.token, **self.platform.engine_env(self.name)},
             threads=self.config.rollout.threads_per_server,
-            cpus=tuple(self.config.rollout.cpus),
             log_file=str(run_dir / "logs" / f"hf_server{index}.log"),
         )
 

@@ -92,7 +92,6 @@ class SGLangEngine(HTTPServerEngine):
             cmd=[sys.executable, *server_command(self.config, port, seed=seed, token=self.token, host=host)],
             env=server_env(self.platform),
             threads=self.config.rollout.threads_per_server,
-            cpus=tuple(self.config.rollout.cpus),
             log_file=str(run_dir / "logs" / f"sglang_server{index}.log"),
         )
 

@@ -80,7 +80,6 @@ class VLLMEngine(HTTPServerEngine):
             cmd=[sys.executable, *server_command(self.config, port, self.config.seed + index, self.transfer_backend, host)],
             env=server_env(self.platform, self.token, run_dir, lora=self.config.actor.lora is not None),
             threads=self.config.rollout.threads_per_server,
-            cpus=tuple(self.config.rollout.cpus),
             log_file=str(run_dir / "logs" / f"vllm_server{index}.log"),
         )
 
