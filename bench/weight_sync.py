@@ -1,14 +1,17 @@
 """Weight-sync throughput, side by side in one run, for ~50 MB and ~500 MB of fp32 parameters.
 
-Contenders, interleaved so machine load drifts hit all alike (median of ``--reps``):
+Contenders, interleaved so machine load drifts hit all alike (min/median/max of ``--reps``), each
+warm before it is timed (untimed rounds first: the servers' receive buffers are recycled from the
+third update on, as in training):
   xccl       our ``xccl`` update end to end: pause, gather + bucketed gloo broadcast from the
              training worker to one server of ``--engine`` (hf, or vllm: vLLM's weight-transfer
-             engines with our ``areal_gloo`` backend), commit, resume (one row per bucket size,
-             each after one untimed warm-up update);
+             engines with our ``areal_gloo`` backend), commit, resume (one row per bucket size);
   broadcast  a raw ``dist.broadcast`` of the same tensors, one per tensor, between this process
              and a bare receiver process (no framework);
-  disk       our ``disk`` update end to end: pause, save_hf + fsync + rename, server load, resume;
+  disk       our ``disk`` update end to end: pause, save_hf + rename, server load, prune, resume;
   safetensors a raw ``save_file`` + ``load_file`` of the same tensors in this process.
+Under each of ours, its breakdown (medians): pause and resume; xccl's send (gather, pack, wire and
+the servers' receive and digest, as the trainer sees it) and commit; disk's save and load.
 
 With ``--lora``, instead: bytes and seconds per update of a LoRA adapter vs the full model
 (``disk`` and ``xccl`` to one hf server), on bench/train_step.py's 94M-parameter model.
@@ -46,6 +49,7 @@ SIZES = {  # Qwen3 shapes whose fp32 parameters come to about 50 MB and 500 MB (
 }  # fmt: skip
 CORPUS = ["0123456789+-=? abcdefghij"]
 TIMEOUT = datetime.timedelta(seconds=120)
+WARM_UPDATES = 2  # untimed updates per contender: a server receives into recycled buffers from the third on
 
 
 _STORES: list[dist.TCPStore] = []  # a group keeps using its store
@@ -81,6 +85,32 @@ def _timed(fn: Callable[[], None], times: list[float]) -> None:
     times.append(time.perf_counter() - start)
 
 
+class _Timing:
+    """``target`` with the calls named in ``parts`` (method -> part) timed: each part's seconds
+    since :meth:`take` (the breakdown of one update)."""
+
+    def __init__(self, target: object, parts: dict[str, str]) -> None:
+        self._target, self._parts, self.seconds = target, parts, dict.fromkeys(parts.values(), 0.0)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._target, name)
+        if name not in self._parts:
+            return value
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self.seconds[self._parts[name]] += time.perf_counter() - start
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        seconds, self.seconds = self.seconds, dict.fromkeys(self._parts.values(), 0.0)
+        return seconds
+
+
 def _served_version(engine) -> int:
     """The first server's weight version (hf: ``/health``; vllm: ``/areal/state``)."""
     states = engine.server_states() if hasattr(engine, "server_states") else engine.server_health()
@@ -104,33 +134,50 @@ def bench_size(
                                 "rollout.server_startup_timeout=900"])  # fmt: skip
     plugins = load_plugins()
     times: dict[str, list[float]] = {}
+    parts: dict[str, dict[str, list[float]]] = {}  # contender -> part -> seconds per timed update
     with LocalScheduler(CpuPlatform()) as scheduler:
         engine = plugins.get("engine", engine_name)(config, CpuPlatform())
         engine.launch_servers(scheduler)
-        with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as trainer:
+        with TrainWorkerGroup(config, CpuPlatform(), scheduler, str(model), config.run_dir) as workers:
+            trainer = _Timing(workers, {"send_weights": "send", "save_hf": "save"})
+            server = _Timing(engine, {"load_weights_from_disk": "load"})
             disk = plugins.get("weight_updater", "disk")(config, CpuPlatform())
-            disk.connect(trainer, engine)
+            disk.connect(trainer, server)
             xccl = {}
             for bucket_mb in bucket_mbs:
                 cfg = attrs.evolve(config, actor=attrs.evolve(config.actor, weight_chunked_mem_mb=bucket_mb))
                 xccl[bucket_mb] = plugins.get("weight_updater", "xccl")(cfg, CpuPlatform())
             port = free_port()
             receiver = scheduler.start(ProcessSpec(
-                name="raw_receiver", cmd=[sys.executable, __file__, "--raw-receiver", str(port), str(weights), str(reps * len(xccl))],
+                name="raw_receiver", cmd=[sys.executable, __file__, "--raw-receiver", str(port), str(weights), str((reps + 1) * len(xccl))],
                 log_file=str(root / f"raw_receiver_{label}.log"),
             ))  # fmt: skip
             group = _group(port, 0)
             version = 0
 
-            def our_update(updater) -> Callable[[], None]:
+            def our_update(updater, name: str | None) -> Callable[[], None]:
+                """One update through ``updater``; its breakdown goes to ``parts[name]`` (None: untimed)."""
+
                 def run() -> None:
                     nonlocal version
                     version += 1
+                    start = time.perf_counter()
                     engine.pause()
+                    paused = time.perf_counter()
                     try:
                         updater.update(version)
                     finally:
+                        updated = time.perf_counter()
                         engine.resume()
+                    split = {**trainer.take(), **server.take()}
+                    split = {k: v for k, v in split.items() if v}
+                    if updater is disk:
+                        split["rename, prune, HTTP"] = updated - paused - sum(split.values())
+                    else:
+                        split["commit"] = updated - paused - sum(split.values())
+                    split = {"pause": paused - start, **split, "resume": time.perf_counter() - updated}
+                    for part, seconds in split.items() if name else ():
+                        parts.setdefault(name, {}).setdefault(part, []).append(seconds)
 
                 return run
 
@@ -141,18 +188,24 @@ def bench_size(
                 path.unlink()
 
             for bucket_mb, updater in xccl.items():  # one size at a time: servers recycle its buffers
+                name = f"xccl {bucket_mb} MB buckets"
                 updater.connect(trainer, engine)
-                our_update(updater)()  # warm-up: first-touch of the send and receive buffers
+                for _ in range(WARM_UPDATES):
+                    our_update(updater, None)()
+                _raw_broadcast(group, tensors)  # warm-up: the first broadcast sets up gloo's pairs
                 for _ in range(reps):
-                    _timed(our_update(updater), times.setdefault(f"xccl {bucket_mb} MB buckets", []))
+                    _timed(our_update(updater, name), times.setdefault(name, []))
                     _timed(lambda: _raw_broadcast(group, tensors), times.setdefault("raw dist.broadcast", []))
                 updater.close()
+            our_update(disk, None)()
+            raw_safetensors()
             for _ in range(reps):
-                _timed(our_update(disk), times.setdefault("disk", []))
+                _timed(our_update(disk, "disk"), times.setdefault("disk", []))
                 _timed(raw_safetensors, times.setdefault("raw safetensors save+load", []))
+            disk.close()
             receiver.stop()
             assert _served_version(engine) == version
-    return [(label, name, mb, statistics.median(t)) for name, t in times.items()]
+    return [(label, name, mb, t, {p: statistics.median(s) for p, s in parts.get(name, {}).items()}) for name, t in times.items()]
 
 
 def _update_bytes(directory: Path) -> int:
@@ -238,14 +291,17 @@ def main() -> None:
         for label in args.sizes.split(","):
             buckets = [int(b) for b in args.buckets.split(",")]
             rows += bench_size(label, SIZES[label], Path(tmp), args.reps, buckets, args.engine)
-    print(f"\n{'size':6} {'contender':28} {'MB':>7} {'s':>7} {'MB/s':>8}  ratio")
-    for label, name, mb, seconds in rows:
+    print(f"\n{'size':6} {'contender':28} {'MB':>5} {'min s':>7} {'median':>7} {'max s':>7} {'MB/s':>6}  median ratio")
+    for label, name, mb, times, split in rows:
         base = "raw dist.broadcast" if name.startswith("xccl") else "raw safetensors save+load" if name == "disk" else None
+        median = statistics.median(times)
         ratio = ""
         if base:
-            (base_s,) = [s for lab, n, _, s in rows if lab == label and n == base]
-            ratio = f"{base_s / seconds:.2f} of {base}"
-        print(f"{label:6} {name:28} {mb:7.0f} {seconds:7.3f} {mb / seconds:8.0f}  {ratio}")
+            (base_times,) = [t for lab, n, _, t, _ in rows if lab == label and n == base]
+            ratio = f"{statistics.median(base_times) / median:.2f} of {base}"
+        print(f"{label:6} {name:28} {mb:5.0f} {min(times):7.3f} {median:7.3f} {max(times):7.3f} {mb / median:6.0f}  {ratio}")
+        if split:
+            print(f"{'':6}   = " + " + ".join(f"{part} {seconds:.3f}" for part, seconds in split.items()))
 
 
 if __name__ == "__main__":

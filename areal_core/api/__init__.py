@@ -46,8 +46,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "tool_call": ("ToolCall", "ToolParser"),
     "trajectory": ("Trajectory",),
     "weight_channel": (
-        "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "TensorSource", "WeightChannel",
-        "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "tensor_digest", "unflatten_bucket",
+        "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "StagedDigest", "TensorSource", "WeightChannel",
+        "as_bytes", "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "receive_bucket", "tensor_digest",
+        "unflatten_bucket",
     ),
     "weights": ("SupportsStaging", "TrainerHandle", "WeightUpdateError", "WeightUpdater"),
     "wire": (

@@ -8,8 +8,12 @@ trainer half of the engine's protocol: vLLM's weight-transfer engines, SGLang's 
 the hf engine's own) and rank 0 joins the servers' group and sends. The controller then commits
 (``engine.commit_weights``). Pause, commit, versions and retries are the weight updater's.
 
-Also here, for the channels that send flat buckets (hf, SGLang): the bucket plan, the flat layout
-(tensors' raw bytes back to back, so one bucket mixes dtypes) and a parallel POST to every server.
+Also here, for the channels that send flat buckets (hf, SGLang, vLLM's ``areal_gloo``): the bucket
+plan, the flat layout (tensors' raw bytes back to back, so one bucket mixes dtypes), the send loop
+and a parallel POST to every server. A bucket goes on the wire in one of two forms: packed, one
+broadcast of the whole flat bucket (SGLang's ``flattened_bucket``), or one broadcast per tensor
+straight from the trainer's memory into the server's flat buffer (our own protocols: nothing is
+copied on the sender; :func:`receive_bucket` is the receiving end).
 """
 
 from __future__ import annotations
@@ -151,7 +155,7 @@ def plan_buckets(specs: Sequence[TensorSpec], max_bytes: int) -> list[Bucket]:
 
 def flatten_bucket(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One contiguous uint8 tensor holding every tensor's bytes, in order."""
-    return torch.cat([t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors])
+    return torch.cat([as_bytes(t) for t in tensors])
 
 
 def unflatten_bucket(flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -169,6 +173,54 @@ def unflatten_bucket(flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence
         out.append(part.view(dtype).view(tuple(shape)))
         offset += n
     return out
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes as a flat uint8 view (a copy only if it is not contiguous)."""
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+class StagedDigest:
+    """The digest of an update's staged bytes, in order (a stream: fed bucket by bucket or tensor
+    by tensor, the same bytes give the same digest); servers that received the same update report
+    equal digests at the commit. xxh3-128: the check is against transfer faults, not an
+    adversary, and it runs at memory speed (sha256 took longer than the wire)."""
+
+    def __init__(self) -> None:
+        import xxhash
+
+        self._hash = xxhash.xxh3_128()
+
+    def update(self, received: torch.Tensor) -> None:
+        """Add the next received bytes (a bucket, or a tensor of one)."""
+        self._hash.update(as_bytes(received.cpu()).numpy())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def receive_bucket(
+    group: Any, flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]], digest: StagedDigest
+) -> None:
+    """Receive into ``flat`` (uint8, :func:`bucket_nbytes` long) a bucket sent one broadcast per
+    tensor from rank 0 (:class:`BucketBroadcast`, not packed): each tensor's bytes land at its
+    place in the flat layout, and go into ``digest`` while the next ones are on the wire."""
+    if flat.numel() != bucket_nbytes(dtypes, shapes):
+        raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {bucket_nbytes(dtypes, shapes)}")
+    received, offset = [], 0
+    for dtype, shape in zip(dtypes, shapes):
+        nbytes = math.prod(shape) * parse_dtype(dtype).itemsize
+        if nbytes:
+            part = flat[offset : offset + nbytes]
+            received.append((group.broadcast(part, 0), part))
+        offset += nbytes
+    try:
+        for work, part in received:
+            work.wait()
+            digest.update(part)  # the hash lets go of the GIL: it runs beside the receive
+    except BaseException:
+        received = work = group = None  # the traceback keeps this frame: let the group go
+        raise
 
 
 class SendBuffers:
@@ -189,23 +241,28 @@ class SendBuffers:
         flat, offset = self._buffers[slot][:nbytes], 0
         for t in tensors:
             n = t.numel() * t.element_size()
-            flat[offset : offset + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+            flat[offset : offset + n].copy_(as_bytes(t))
             offset += n
         return flat
 
 
 class BucketBroadcast:
     """Rank 0's send loop of a flat-bucket broadcast: each bucket's tensors are read from the
-    source (checked against what the servers were told), packed while the previous bucket is on
-    the wire, and broadcast. ``sending`` tells a failure's cause apart: while a bucket is on the
-    wire, a server's refusal (which aborted it) is the cause; while the source is read, the source."""
+    source (checked against what the servers were told) and broadcast while the previous bucket is
+    on the wire: ``packed``, copied into a send buffer and sent in one broadcast; otherwise one
+    broadcast per tensor from its own memory. ``sending`` tells a failure's cause apart: while a
+    bucket is on the wire, a server's refusal (which aborted it) is the cause; while the source is
+    read, the source."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, packed: bool) -> None:
         self.buffers = SendBuffers(device)
+        self.packed = packed
         self.sending = False
 
     def run(self, group: Any, tensors: Iterator[tuple[str, torch.Tensor]], buckets: Sequence[Bucket]) -> None:
-        pending = None
+        pending: list[Any] | None = None  # the works of the bucket on the wire
+        works: list[Any] | None = None
+        sent: list[torch.Tensor] | None = None
         try:
             for index, bucket in enumerate(buckets):
                 self.sending = False
@@ -215,14 +272,19 @@ class BucketBroadcast:
                 if got != declared:
                     raise ValueError(f"bucket {index}: the source yielded {got[:2]}..., not its declared {declared[:2]}...")
                 self.sending = True
-                flat = self.buffers.pack([t for _, t in parts], index % 2)
-                if pending is not None:
-                    pending.wait()
-                pending = group.broadcast(flat, 0)
-            if pending is not None:
-                pending.wait()
+                if self.packed:  # into the buffer bucket ``index - 2`` used (waited for already)
+                    sent = [self.buffers.pack([t for _, t in parts], index % 2)]
+                else:
+                    sent = [as_bytes(t) for _, t in parts if t.numel()]
+                works = [group.broadcast(t, 0) for t in sent]
+                for work in pending or ():
+                    work.wait()
+                pending = works
+            for work in pending or ():
+                work.wait()
         except BaseException:
-            pending = group = None  # gloo: peers fail once nothing (this frame included) references the group
+            # gloo: peers fail once nothing references the group; a Work does, and the traceback keeps this frame
+            pending = works = sent = work = group = None
             raise
         self.sending = False
         extra = next(tensors, None)
@@ -236,14 +298,17 @@ class FlatBucketChannel(WeightChannel):
     receives a bucket (``_receive``); the send loop, double buffering and failure handling are here.
     """
 
+    #: The wire form of a bucket (:class:`BucketBroadcast`): the engine's protocol decides.
+    packed: bool = True
+
     def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
         super().__init__(spec, rank=rank, device=device)
         self.group: Any = None  # a torch ProcessGroup (or backend) with broadcast(tensor, root)
-        self._broadcast = BucketBroadcast(self.device)
+        self._broadcast = BucketBroadcast(self.device, packed=self.packed)
 
     @abc.abstractmethod
-    def _receive(self, bucket: Bucket, version: int) -> None:
-        """Ask every server to receive ``bucket`` (blocks until all hold it)."""
+    def _receive(self, buckets: list[Bucket], version: int) -> None:
+        """Ask every server to receive ``buckets``, in order (blocks until all hold them)."""
 
     def send(self, source: TensorSource, version: int) -> None:
         if not self.is_sender:
@@ -268,8 +333,7 @@ class FlatBucketChannel(WeightChannel):
 
     def _receive_all(self, buckets: list[Bucket], version: int) -> None:
         try:
-            for bucket in buckets:
-                self._receive(bucket, version)
+            self._receive(buckets, version)
         except BaseException:
             self.leave()  # the sender's broadcast fails now too
             raise
@@ -291,6 +355,8 @@ def post_all(
     from areal_core.api.http_json import post_json
 
     headers = {"Authorization": f"Bearer {token}"}
+    if len(servers) == 1:  # no thread to start
+        return [post_json(servers[0], route, bodies[0], headers, timeout, label)]
     with ThreadPoolExecutor(max_workers=max(1, len(servers)), thread_name_prefix="weights-post") as pool:
         futures = [pool.submit(post_json, a, route, b, headers, timeout, label) for a, b in zip(servers, bodies)]
         return [f.result() for f in futures]

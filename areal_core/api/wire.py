@@ -61,12 +61,28 @@ class WeightGroupBody:
 
 @attrs.frozen(kw_only=True)
 class ReceiveWeightsBody:
-    """``POST /receive_weights``: stage one flat bucket of ``version`` (see :mod:`areal_core.api.weight_channel`)."""
+    """``POST /receive_weights``: receive and stage the flat buckets of ``version``, one broadcast
+    each, in order (see :mod:`areal_core.api.weight_channel`)."""
 
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
     version: int = 0  # a bucket of another version than the staged ones drops them first
+    bucket_sizes: list[int] | None = None  # how many of the tensors each bucket holds (None: one bucket)
+
+    def buckets(self) -> list[tuple[list[str], list[str], list[list[int]]]]:
+        """``(names, dtypes, shapes)`` of each bucket; ValueError if the lists disagree."""
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"names/dtypes/shapes lengths differ: {len(self.names)}/{len(self.dtypes)}/{len(self.shapes)}")
+        sizes = [len(self.names)] if self.bucket_sizes is None else self.bucket_sizes
+        if sum(sizes) != len(self.names) or min(sizes, default=1) < 1:
+            raise ValueError(f"bucket_sizes {sizes} must be positive and add up to the {len(self.names)} tensors")
+        out, start = [], 0
+        for size in sizes:
+            end = start + size
+            out.append((self.names[start:end], self.dtypes[start:end], self.shapes[start:end]))
+            start = end
+        return out
 
 
 @attrs.frozen(kw_only=True)

@@ -28,6 +28,7 @@ from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
 from areal_core.train.packing import PackedBatch, first_fit_decreasing, pack, pack_per_token
+from areal_core.train.safetensors_file import write_safetensors
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -158,6 +159,7 @@ class FSDPPolicy:
         self.ref_model: nn.Module | None = None
         self._owns_process_group = False
         self._channel: WeightChannel | None = None  # the engine's weight channel, once opened
+        self._saved_buffers: frozenset[str] | None = None  # buffers the state_dict keeps (see _weights_out)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self) -> None:
@@ -444,8 +446,9 @@ class FSDPPolicy:
         lm = self.model.lm
         if self.uses_lora:
             return lora.adapter_parameters(lm)
-        saved = lm.state_dict().keys()
-        return [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in saved)]
+        if self._saved_buffers is None:  # the model's structure is fixed: its state_dict is built once
+            self._saved_buffers = frozenset(lm.state_dict().keys()) & {name for name, _ in lm.named_buffers()}
+        return [*lm.named_parameters(), *((n, b) for n, b in lm.named_buffers() if n in self._saved_buffers)]
 
     def iter_full_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective: yield (name, full tensor) for every tensor of :meth:`_weights_out`, one
@@ -505,8 +508,6 @@ class FSDPPolicy:
     def save_hf(self, path: str | os.PathLike) -> None:
         """Collective; rank 0 writes safetensors + config + tokenizer files into ``path`` (with
         LoRA: the peft adapter directory, naming the base model, + tokenizer files)."""
-        from safetensors.torch import save_file
-
         dtype = getattr(torch, self.config.model.dtype)
         tensors = {name: t.cpu().contiguous() for name, t in self.iter_full_tensors(dtype) if self.rank == 0}
         if self.rank == 0 and self.uses_lora:
@@ -515,7 +516,7 @@ class FSDPPolicy:
         elif self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+            write_safetensors(tensors, out / "model.safetensors", metadata={"format": "pt"})
             hf_config = self.model.lm.config
             saved_dtype = hf_config.dtype
             hf_config.dtype = dtype

@@ -22,6 +22,8 @@ _LABEL = "hf server"
 class HFWeightChannel(FlatBucketChannel):
     """Trainer half of the hf engine's collective weight path (gloo only: the servers run on CPU)."""
 
+    packed = False  # one broadcast per tensor, from the trainer's memory (receiver: receive_bucket)
+
     def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
         super().__init__(spec, rank=rank, device=torch.device("cpu"))  # gloo buckets live on the host
         self._store: object | None = None
@@ -44,9 +46,12 @@ class HFWeightChannel(FlatBucketChannel):
             )
             servers.result()
 
-    def _receive(self, bucket: Bucket, version: int) -> None:
-        body = to_json(ReceiveWeightsBody(names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, version=version))
-        self._post("/receive_weights", [body] * len(self.spec.servers))
+    def _receive(self, buckets: list[Bucket], version: int) -> None:
+        body = to_json(ReceiveWeightsBody(
+            names=[n for b in buckets for n in b.names], dtypes=[d for b in buckets for d in b.dtypes],
+            shapes=[s for b in buckets for s in b.shapes], version=version, bucket_sizes=[len(b.names) for b in buckets],
+        ))  # fmt: skip
+        self._post("/receive_weights", [body] * len(self.spec.servers))  # one call: no round trip between buckets
 
     def _post(self, route: str, bodies: list[dict]) -> None:
         post_all(self.spec.servers, route, bodies, self.spec.token, self.spec.timeout_s, _LABEL)

@@ -7,7 +7,6 @@ the generator's model thread, between decode steps.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from areal_core.api.wire import ReceiveWeightsBody, WeightGroupBody
 from areal_core.api.scheduler import NODE_HOST_ENV
 from areal_core.api.lora import adapter_parameters, has_adapter
-from areal_core.api.weight_channel import bucket_nbytes, tensor_digest, unflatten_bucket
+from areal_core.api.weight_channel import StagedDigest, bucket_nbytes, receive_bucket, tensor_digest, unflatten_bucket
 
 log = logging.getLogger(__name__)
 
@@ -93,37 +92,44 @@ def model_digest(model: Any) -> dict[str, str]:
 class StagedWeights:
     """Buckets received for one version, held aside until a commit swaps them in.
 
-    The flat receive buffers are recycled: once a commit leaves no parameter in an older
-    buffer, that buffer receives a later bucket (no fresh allocation per update).
+    The flat receive buffers are recycled, so their memory is touched once and a server holds at
+    most two sets: the served one, and the one an update is received into. That second set is the
+    copy a rollback of the last commit serves again until the next update starts (the controller
+    rolls a commit back before it sends anything else, so the last commit is final by then).
     """
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.tensors: dict[str, torch.Tensor] = {}
-        self._digest = hashlib.sha256()  # of every staged bucket's bytes, in order
+        self.digest = StagedDigest()  # of every staged bucket's bytes, in order (fed by the receive)
         self._flats: list[torch.Tensor] = []  # backing the staged tensors
-        self._live: list[torch.Tensor] = []  # backing (some of) the served parameters
+        self._served: list[torch.Tensor] = []  # backing (some of) the served parameters
+        self._kept: list[torch.Tensor] = []  # backing only what the last commit replaced
         self._spare: list[torch.Tensor] = []  # free for the next buckets
         self._previous: dict[str, torch.Tensor] = {}  # what the last commit replaced (for a rollback)
 
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        """A uint8 buffer of ``nbytes`` to receive a bucket into."""
+    def buffer(self, version: int, nbytes: int) -> torch.Tensor:
+        """A uint8 buffer of ``nbytes`` to receive a bucket of ``version`` into."""
+        if version != self.version:  # a new update: leftovers of a failed one are dropped, never committed
+            self.clear()
+            self.forget_rollback()
+            self.version = version
         for i, flat in enumerate(self._spare):
             if flat.numel() == nbytes:
                 return self._spare.pop(i)
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def add(self, version: int, tensors: dict[str, torch.Tensor], flat: torch.Tensor) -> None:
-        if version != self.version:  # leftovers of a failed update are dropped, never committed
-            self.clear()
-            self.version = version
+        """Stage ``tensors`` (views of ``flat``, from :meth:`buffer` for ``version``, its bytes
+        already in :attr:`digest`)."""
+        if version != self.version:
+            raise ValueError(f"a bucket of version {version} arrived while version {self.version} is staged")
         self.tensors.update(tensors)
         self._flats.append(flat)
-        self._digest.update(flat.numpy())
 
     def commit(self, model: Any, version: int) -> tuple[int, str]:
         """Swap every tensor staged for ``version`` into ``model`` (call on the model thread);
-        returns how many, and the sha256 of the bytes received for them (equal on every server
+        returns how many, and the digest of the bytes received for them (equal on every server
         that received the same update). The replaced tensors are kept for :meth:`rollback`."""
         if self.version != version or not self.tensors:
             staged = "nothing" if not self.tensors else f"version {self.version}"
@@ -131,12 +137,14 @@ class StagedWeights:
         targets = _targets(model)
         self._previous = {name: targets[name].data for name in self.tensors}
         swap_into_model(model, self.tensors)
-        in_use = {t.untyped_storage().data_ptr() for t in [*_targets(model).values(), *self._previous.values()]}
-        old = self._live + self._flats
-        self._live = [f for f in old if f.untyped_storage().data_ptr() in in_use]
-        self._spare = [f for f in old if f.untyped_storage().data_ptr() not in in_use]  # older spares go
-        count, digest = len(self.tensors), self._digest.hexdigest()
-        self.version, self.tensors, self._flats, self._digest = None, {}, [], hashlib.sha256()
+        served = _storages(_targets(model).values())
+        kept = _storages(self._previous.values()) - served
+        old = self._served + self._kept + self._flats
+        self._served = [f for f in old if _storage(f) in served]
+        self._kept = [f for f in old if _storage(f) in kept]
+        self._spare = [f for f in old if _storage(f) not in served | kept]  # spares this update left: not needed
+        count, digest = len(self.tensors), self.digest.hexdigest()
+        self.version, self.tensors, self._flats, self.digest = None, {}, [], StagedDigest()
         return count, digest
 
     def rollback(self, model: Any) -> int:
@@ -145,15 +153,32 @@ class StagedWeights:
             raise ValueError("nothing to roll back: no commit since the last rollback")
         previous, self._previous = self._previous, {}
         swap_into_model(model, previous)
+        served = _storages(_targets(model).values())
+        old = self._served + self._kept
+        self._served = [f for f in old if _storage(f) in served]
+        self._spare += [f for f in old if _storage(f) not in served]
+        self._kept = []
         return len(previous)
 
     def forget_rollback(self) -> None:
-        """The served weights changed another way (a disk load): the last commit cannot be undone."""
+        """The last commit is final (a new update started, or a disk load changed the served
+        weights): what it replaced is released, its buffers recycled."""
         self._previous = {}
+        self._spare += self._kept
+        self._kept = []
 
     def clear(self) -> None:
+        """Drop what is staged (never committed); its buffers are recycled."""
         self._spare += self._flats
-        self.version, self.tensors, self._flats, self._digest = None, {}, [], hashlib.sha256()
+        self.version, self.tensors, self._flats, self.digest = None, {}, [], StagedDigest()
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _storages(tensors: Any) -> set[int]:
+    return {_storage(t) for t in tensors}
 
 
 class WeightGroup:
@@ -175,17 +200,13 @@ class WeightGroup:
         )
         log.info("joined weight group %r as rank %d/%d", body.group_name, self.rank, body.world_size)
 
-    def receive(self, body: ReceiveWeightsBody, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Receive one flat bucket broadcast from rank 0 into ``flat`` (uint8, ``bucket_nbytes``
-        long) and split it into named tensors (views of ``flat`` where aligned)."""
-        if not len(body.names) == len(body.dtypes) == len(body.shapes):
-            raise ValueError(
-                f"names/dtypes/shapes lengths differ: {len(body.names)}/{len(body.dtypes)}/{len(body.shapes)}"
-            )
-        if flat.numel() != bucket_nbytes(body.dtypes, body.shapes):
-            raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {bucket_nbytes(body.dtypes, body.shapes)}")
-        self.group.broadcast(flat, 0).wait()
-        return dict(zip(body.names, unflatten_bucket(flat, body.dtypes, body.shapes)))
+    def receive(self, body: ReceiveWeightsBody, staged: StagedWeights) -> None:
+        """Receive every bucket of ``body`` broadcast from rank 0, in order, into ``staged``'s
+        buffers, and stage it as named tensors (views of the buffers where aligned)."""
+        for names, dtypes, shapes in body.buckets():
+            flat = staged.buffer(body.version, bucket_nbytes(dtypes, shapes))
+            receive_bucket(self.group, flat, dtypes, shapes, staged.digest)
+            staged.add(body.version, dict(zip(names, unflatten_bucket(flat, dtypes, shapes))), flat)
 
     def close(self) -> None:
         """Leave the group now: peers blocked in a collective with us fail instead of waiting."""

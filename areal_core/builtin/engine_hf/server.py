@@ -33,7 +33,6 @@ from areal_core.api.wire import (
 )
 from areal_core.builtin.engine_hf.receiver import StagedWeights, WeightGroup, check_names_and_shapes, copy_into_model, model_digest, read_safetensors_dir
 from areal_core.api.wire import check_load_path
-from areal_core.api.weight_channel import bucket_nbytes
 
 log = logging.getLogger("areal_core.builtin.engine_hf.server")
 #: Test hook: a server started with this set to a version fails that version's commit.
@@ -169,21 +168,19 @@ class _Routes:
         return web.json_response({"rank": self.group.rank})
 
     async def receive_weights(self, request: web.Request) -> web.Response:
-        """Stage one broadcast bucket; the served weights change only at ``/commit_weights``."""
+        """Receive and stage an update's buckets; the served weights change only at ``/commit_weights``."""
         body = await _body(request, ReceiveWeightsBody)
         group = self.group
         if group is None:
             return _error(409, "no weight group: call /init_weight_group first")
         try:
-            if not len(body.names) == len(body.dtypes) == len(body.shapes):
-                raise ValueError(f"names/dtypes/shapes lengths differ: {len(body.names)}/{len(body.dtypes)}/{len(body.shapes)}")
+            body.buckets()  # the lists agree
             check_names_and_shapes(self.gen.model, dict(zip(body.names, map(tuple, body.shapes))))
-            flat = self.staged.buffer(bucket_nbytes(body.dtypes, body.shapes))
-            tensors = await asyncio.to_thread(group.receive, body, flat)
+            await asyncio.to_thread(group.receive, body, self.staged)
         except BaseException:
-            self._leave_group()  # so the sender and the other servers fail now, not at the timeout
+            if self.group is group:  # not a newer group, joined while this receive was failing
+                self._leave_group()  # so the sender and the other servers fail now, not at the timeout
             raise
-        self.staged.add(body.version, tensors, flat)
         return web.json_response({"staged": len(self.staged.tensors)})
 
     async def commit_weights(self, request: web.Request) -> web.Response:

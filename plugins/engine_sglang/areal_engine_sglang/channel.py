@@ -123,12 +123,13 @@ class SGLangWeightChannel(FlatBucketChannel):
             self._begin_session()  # before any broadcast: a refusal here leaves nothing blocked
         super().send(source, version)
 
-    def _receive(self, bucket: Bucket, version: int) -> None:
-        body = DistributedUpdateBody(
-            names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.spec.group_name,
-            flush_cache=not self.spec.holds_requests,  # SGLang refuses to flush under held requests
-        )
-        self._post("/update_weights_from_distributed", [to_json(body)] * len(self.spec.servers))
+    def _receive(self, buckets: list[Bucket], version: int) -> None:
+        for bucket in buckets:  # SGLang's protocol: one call per bucket
+            body = DistributedUpdateBody(
+                names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.spec.group_name,
+                flush_cache=not self.spec.holds_requests,  # SGLang refuses to flush under held requests
+            )
+            self._post("/update_weights_from_distributed", [to_json(body)] * len(self.spec.servers))
 
     def _begin_session(self) -> None:
         empty: list[dict[str, Any]] = [{}] * len(self.spec.servers)

@@ -15,14 +15,13 @@ failed is undone without a copy per update. Their memory is touched once.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-from areal_core.api.weight_channel import bucket_nbytes, unflatten_bucket
+from areal_core.api.weight_channel import StagedDigest, bucket_nbytes, receive_bucket, unflatten_bucket
 from areal_engine_vllm.gloo_common import (
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
@@ -50,7 +49,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._kept: list[dict[str, torch.Tensor]] = [{}, {}]  # the update last committed from each set
         self._before: tuple[int | None] | None = None  # the set the last commit replaced, until a rollback
         self._staged: dict[str, torch.Tensor] = {}
-        self._digest = hashlib.sha256()  # of the staged buckets' bytes, in order
+        self._digest = StagedDigest()  # of the staged buckets' bytes, in order
         self._sealed: str | None = None  # the digest of a complete staged update (set at finish)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
@@ -83,8 +82,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             names = info.names[start : start + count]
             dtypes, shapes = info.dtype_names[start : start + count], info.shapes[start : start + count]
             flat = self._buffer(index, bucket_nbytes(dtypes, shapes))
-            self._group.broadcast(flat, 0).wait()
-            self._digest.update(flat.cpu().numpy())
+            receive_bucket(self._group, flat, dtypes, shapes, self._digest)
             self._staged.update(zip(names, unflatten_bucket(flat, dtypes, shapes)))
             start += count
 
@@ -104,7 +102,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         """The end of vLLM's session: seal what was staged (phase one); :meth:`commit` loads it."""
         if self._staged:
             self._sealed = self._digest.hexdigest()
-            log.info("areal: staged %d tensors (sha256 %s)", len(self._staged), self._sealed[:12])
+            log.info("areal: staged %d tensors (digest %s)", len(self._staged), self._sealed[:12])
 
     def commit(self) -> str:
         """Phase two: load the sealed update into the model; returns its digest (equal on every
@@ -137,7 +135,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._before, self._loaded, self._kept = None, None, [{}, {}]
 
     def _drop_staged(self) -> None:
-        self._staged, self._sealed, self._digest = {}, None, hashlib.sha256()
+        self._staged, self._sealed, self._digest = {}, None, StagedDigest()
 
     def shutdown(self) -> None:
         if self._group is not None:

@@ -1,12 +1,17 @@
 """The ``disk`` weight path: the trainer writes HF safetensors, every server loads them.
 
 ``stage(v)`` has the trainer save into ``{run_dir}/weights/.tmp-v{v}-*`` (a leading dot, which
-servers refuse to load), fsyncs every file and directory and renames it to ``weights/v{v}``, while
-the servers go on generating on the weights they hold. ``update(v)`` asks each server to load it
-(staging it first when ``stage(v)`` did not), then prunes older versions. A crash at any point
-leaves either no ``v{v}`` or a complete one. A server that cannot load ``v{v}`` aborts the update:
-every server loads the last published version again and ``v{v}`` is removed
-(:class:`WeightUpdateError`).
+servers refuse to load) and renames it to ``weights/v{v}``, while the servers go on generating on
+the weights they hold. ``update(v)`` asks each server to load it (staging it first when
+``stage(v)`` did not), then prunes the older version: it becomes ``weights/.spare``, whose files
+the next save overwrites in place (rewriting pages that are already there costs a third of
+freeing a file and writing a new one); any further ones are deleted in the background. ``close``
+deletes the spare. A crash of any process leaves either no ``v{v}`` or a complete one (the rename
+is atomic). Nothing is fsynced: the files are a hand-off between running processes, and after a
+machine crash the servers are gone too and the run publishes again from its recover point, so
+durability would buy nothing (it cost a third of a 500 MB update). A server that cannot load
+``v{v}`` aborts the update: every server loads the last published version again and ``v{v}`` is
+removed (:class:`WeightUpdateError`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
     from areal_core.api.weights import TrainerHandle
 
 _TMP_PREFIX = ".tmp-v"
+_PRUNED_PREFIX = ".pruned-"
+_SPARE = ".spare"
 _VERSION_DIR = re.compile(r"v\d+")
 
 
@@ -43,12 +51,14 @@ class DiskWeightUpdater(WeightUpdater):
         self._engine: InferenceEngine | None = None
         self._published: tuple[Path, int] | None = None  # the last version every server loaded
         self._staged: int | None = None  # the version whose files stage() wrote for the next update
+        self._deleter: ThreadPoolExecutor | None = None  # deletes pruned versions in the background
 
     def connect(self, trainer: TrainerHandle, engine: InferenceEngine) -> None:
         self._trainer, self._engine = trainer, engine
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.weights_dir.glob(f"{_TMP_PREFIX}*"):  # left by a crashed writer
-            shutil.rmtree(stale, ignore_errors=True)
+        for prefix in (_TMP_PREFIX, _PRUNED_PREFIX, _SPARE):  # left by a crashed writer, a prune or a run
+            for stale in self.weights_dir.glob(f"{prefix}*"):
+                shutil.rmtree(stale, ignore_errors=True)
 
     def version_dir(self, version: int) -> Path:
         return self.weights_dir / f"v{version}"
@@ -58,9 +68,11 @@ class DiskWeightUpdater(WeightUpdater):
         trainer, _ = self._require()
         self._staged = None
         tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{version}-", dir=self.weights_dir))
+        spare = self.weights_dir / _SPARE
+        if spare.is_dir():  # its files are rewritten in place
+            os.rename(spare, tmp)
         try:
             trainer.save_hf(str(tmp))
-            _fsync_tree(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -68,7 +80,6 @@ class DiskWeightUpdater(WeightUpdater):
         if final.exists():  # re-publishing a version (e.g. after recovery): replace it whole
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(self.weights_dir)
         self._staged = version
 
     def update(self, version: int) -> None:
@@ -102,26 +113,25 @@ class DiskWeightUpdater(WeightUpdater):
         raise WeightUpdateError(f"the servers could not load version {version}, so every server serves {served}: {error}")
 
     def _prune(self, keep: Path) -> None:
+        """Older versions leave ``weights/`` at once: the first becomes the spare the next save
+        rewrites, any others are renamed under a dot name (so no later publish of the same version
+        meets them) and deleted in the background (freeing the files' pages costs as much as
+        loading them)."""
         for old in self.weights_dir.iterdir():
             if old != keep and old.is_dir() and _VERSION_DIR.fullmatch(old.name):
-                shutil.rmtree(old, ignore_errors=True)
+                spare = self.weights_dir / _SPARE
+                if not spare.exists():
+                    os.rename(old, spare)
+                    continue
+                pruned = Path(tempfile.mkdtemp(prefix=_PRUNED_PREFIX, dir=self.weights_dir))
+                os.rename(old, pruned / old.name)
+                if self._deleter is None:
+                    self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-prune")
+                self._deleter.submit(shutil.rmtree, pruned, ignore_errors=True)
 
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file and directory under ``root`` (and ``root``) to stable storage."""
-    for dirpath, _, filenames in os.walk(root):
-        for filename in filenames:
-            fd = os.open(os.path.join(dirpath, filename), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def close(self) -> None:
+        """Delete the spare; wait for the background deletes."""
+        shutil.rmtree(self.weights_dir / _SPARE, ignore_errors=True)
+        deleter, self._deleter = self._deleter, None
+        if deleter is not None:
+            deleter.shutdown(wait=True)

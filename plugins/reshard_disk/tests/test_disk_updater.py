@@ -129,7 +129,9 @@ def test_update_makes_every_server_serve_the_trainers_weights(setup: tuple[Confi
 
     trainer.train_step(seed=2, scale=0.1)
     updater.update(2)
-    assert sorted(p.name for p in updater.weights_dir.iterdir()) == ["v2"]  # v1 pruned, no temp dirs
+    assert "v1" not in {p.name for p in updater.weights_dir.iterdir()}  # pruned at once (deleted in the background)
+    updater.close()
+    assert sorted(p.name for p in updater.weights_dir.iterdir()) == ["v2"]  # v1 deleted, no temp dirs
     assert [r.output_ids for r in greedy_on_every_server(engine)] == [trainer.greedy(PROMPT, N_TOKENS)] * 2
 
 
@@ -163,6 +165,7 @@ def test_staging_writes_the_version_while_the_servers_serve_the_old_one_and_the_
     updater.update(7)
     assert trainer.saves == 2  # the staged files, not written again
     assert [r.output_ids for r in greedy_on_every_server(engine)] == [trainer.greedy(PROMPT, N_TOKENS)] * 2
+    updater.close()
     assert sorted(p.name for p in updater.weights_dir.iterdir()) == ["v7"]
 
     updater.update(7)  # a re-publish (a server joining) writes the files again
