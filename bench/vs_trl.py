@@ -40,6 +40,7 @@ JOB = [
     "actor.optimizer.lr=3e-4",
     "actor.optimizer.schedule=constant",
     "actor.eps_clip_higher=0.28",
+    "gconfig.n_samples=8",  # the job's group size (the quickstart now samples 16)
 ]
 TARGET, WINDOW = 0.9, 5
 

@@ -32,6 +32,7 @@ SHORT_RUN = [
     "rollout.max_head_offpolicyness=0",  # synchronous: the same rollouts in both runs
     "rollout.engine_args={max_batch_size: 1}",  # one request at a time: batch-invariant numerics
     "gconfig.n_samples=4",
+    "actor.optimizer.lr=6.0e-4",  # the rate these short runs were sized with (the quickstart's is 3e-4 for groups of 16)
     "train_dataset.batch_size=4",
     "train_dataset.size=12",
     "valid_dataset.size=6",

@@ -1,5 +1,5 @@
-"""The pieces of a collective weight update that need no server: the per-tensor wire form of a
-flat bucket over a real gloo pair, the staged-bytes digest, the hf server's staging with its
+"""The pieces of a collective weight update that need no server: the in-place wire form of a
+flat bucket over a real gloo pair (large tensors alone, runs of small ones together), the staged-bytes digest, the hf server's staging with its
 recycled receive buffers, and the in-place safetensors writer of the disk path."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from areal_core.api.scheduler import free_port
 from areal_core.api.weight_channel import (
+    SMALL_TENSOR_BYTES,
     BucketBroadcast,
     StagedDigest,
     bucket_nbytes,
@@ -26,6 +27,7 @@ from areal_core.api.weight_channel import (
     plan_buckets,
     receive_bucket,
     unflatten_bucket,
+    wire_runs,
 )
 from areal_core.builtin.engine_hf.receiver import StagedWeights
 from areal_core.train.safetensors_file import write_safetensors
@@ -58,7 +60,7 @@ def _gloo_pair() -> tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]:
     return groups[0], groups[1]
 
 
-def test_a_bucket_sent_per_tensor_lands_in_the_flat_layout_and_digests_as_one() -> None:
+def test_a_bucket_sent_in_place_lands_in_the_flat_layout_and_digests_as_one() -> None:
     sender, receiver = _gloo_pair()
     specs = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in MIXED.items()]
     buckets = plan_buckets(specs, max_bytes=64)  # several buckets, one tensor larger than a bucket
@@ -77,6 +79,52 @@ def test_a_bucket_sent_per_tensor_lands_in_the_flat_layout_and_digests_as_one() 
     whole = StagedDigest()
     whole.update(flatten_bucket(list(MIXED.values())))
     assert digest.hexdigest() == whole.hexdigest()  # tensor by tensor == the same bytes at once
+
+
+class _CountingGroup:
+    """A process group that counts its broadcasts."""
+
+    def __init__(self, group: dist.ProcessGroupGloo) -> None:
+        self.group, self.broadcasts = group, 0
+
+    def broadcast(self, tensor: torch.Tensor, root: int):
+        self.broadcasts += 1
+        return self.group.broadcast(tensor, root)
+
+
+def test_small_tensors_travel_in_runs_and_large_ones_alone() -> None:
+    large = SMALL_TENSOR_BYTES // 4  # float32 elements of a tensor at the threshold
+    tensors = {
+        "norm1": torch.randn(3), "q": torch.randn(7, 5), "big1": torch.randn(large), "empty": torch.zeros(0),
+        "norm2": torch.arange(4, dtype=torch.bfloat16), "big2": torch.randn(large + 1), "k": torch.randn(2, 3),
+    }
+    sender, receiver = _gloo_pair()
+    specs = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()]
+    (bucket,) = plan_buckets(specs, max_bytes=4 * SMALL_TENSOR_BYTES)
+    counting = _CountingGroup(sender)
+    thread = threading.Thread(target=BucketBroadcast(torch.device("cpu"), packed=False).run, args=(counting, iter(tensors.items()), [bucket]))
+    thread.start()
+    flat = torch.full((bucket_nbytes(bucket.dtypes, bucket.shapes),), 255, dtype=torch.uint8)
+    receiving = _CountingGroup(receiver)
+    receive_bucket(receiving, flat, bucket.dtypes, bucket.shapes, StagedDigest())
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert torch.equal(flat, flatten_bucket(list(tensors.values())))
+    # [norm1 q] [big1] [empty norm2] [big2] [k]: five broadcasts on each side, not seven
+    assert counting.broadcasts == receiving.broadcasts == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, 4, 1000, SMALL_TENSOR_BYTES - 1, SMALL_TENSOR_BYTES, 3 * SMALL_TENSOR_BYTES]), max_size=20))
+def test_wire_runs_cover_every_tensor_once_large_ones_alone(sizes: list[int]) -> None:
+    runs = wire_runs(sizes)
+    assert [i for start, stop in runs for i in range(start, stop)] == list(range(len(sizes)))
+    for (start, stop), (next_start, next_stop) in zip(runs, runs[1:]):
+        both_small = all(n < SMALL_TENSOR_BYTES for n in sizes[start:next_stop])
+        assert not both_small  # two neighbouring runs of small tensors would have been one
+    for start, stop in runs:
+        if stop - start > 1:
+            assert all(n < SMALL_TENSOR_BYTES for n in sizes[start:stop])
 
 
 def test_the_digest_tells_different_bytes_apart() -> None:
@@ -176,3 +224,34 @@ def test_write_safetensors_rewrites_the_same_file_and_shrinks_it(tmp_path: Path)
 def test_write_safetensors_refuses_what_the_format_cannot_hold(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"z: dtype torch.complex64 has no safetensors code"):
         write_safetensors({"z": torch.zeros(2, dtype=torch.complex64)}, tmp_path / "x.safetensors")
+
+
+@pytest.mark.parametrize("servers, digested", [(1, False), (2, True)])
+def test_the_hf_channel_asks_for_a_digest_only_where_the_commit_compares_servers(servers: int, digested: bool) -> None:
+    from areal_core.api.weight_channel import ChannelSpec
+    from areal_core.builtin.engine_hf.channel import HFWeightChannel
+
+    spec = ChannelSpec(
+        channel="areal_core.builtin.engine_hf.channel:HFWeightChannel", servers=tuple(f"http://127.0.0.1:{9000 + i}" for i in range(servers)),
+        token="t", backend="gloo", master_addr="127.0.0.1", master_port=1, group_name="g", bucket_bytes=64, timeout_s=1.0,
+    )  # fmt: skip
+    channel = HFWeightChannel(spec, rank=0, device=torch.device("cpu"))
+    posted: list[tuple[str, list[dict]]] = []
+    channel._post = lambda route, bodies: posted.append((route, bodies))  # type: ignore[method-assign]
+    specs = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in MIXED.items()]
+    channel._receive(plan_buckets(specs, max_bytes=64), version=3)
+    ((route, bodies),) = posted
+    assert route == "/receive_weights" and len(bodies) == servers
+    assert all(body["digest"] is digested and body["version"] == 3 for body in bodies)
+
+
+def test_a_bucket_received_without_a_digest_still_lands() -> None:
+    sender, receiver = _gloo_pair()
+    specs = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in MIXED.items()]
+    (bucket,) = plan_buckets(specs, max_bytes=1 << 20)
+    thread = threading.Thread(target=BucketBroadcast(torch.device("cpu"), packed=False).run, args=(sender, iter(MIXED.items()), [bucket]))
+    thread.start()
+    flat = torch.full((bucket_nbytes(bucket.dtypes, bucket.shapes),), 255, dtype=torch.uint8)
+    receive_bucket(receiver, flat, bucket.dtypes, bucket.shapes, None)
+    thread.join(timeout=30)
+    assert torch.equal(flat, flatten_bucket(list(MIXED.values())))

@@ -48,7 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "weight_channel": (
         "Bucket", "BucketBroadcast", "ChannelSpec", "FlatBucketChannel", "StagedDigest", "TensorSource", "WeightChannel",
         "as_bytes", "bucket_nbytes", "parse_dtype", "plan_buckets", "post_all", "receive_bucket", "tensor_digest",
-        "unflatten_bucket",
+        "unflatten_bucket", "wire_runs",
     ),
     "weights": ("SupportsStaging", "TrainerHandle", "WeightUpdateError", "WeightUpdater"),
     "wire": (

@@ -11,9 +11,11 @@ the hf engine's own) and rank 0 joins the servers' group and sends. The controll
 Also here, for the channels that send flat buckets (hf, SGLang, vLLM's ``areal_gloo``): the bucket
 plan, the flat layout (tensors' raw bytes back to back, so one bucket mixes dtypes), the send loop
 and a parallel POST to every server. A bucket goes on the wire in one of two forms: packed, one
-broadcast of the whole flat bucket (SGLang's ``flattened_bucket``), or one broadcast per tensor
-straight from the trainer's memory into the server's flat buffer (our own protocols: nothing is
-copied on the sender; :func:`receive_bucket` is the receiving end).
+broadcast of the whole flat bucket (SGLang's ``flattened_bucket``), or in place (our own
+protocols; :func:`receive_bucket` is the receiving end): each tensor of at least
+:data:`SMALL_TENSOR_BYTES` is broadcast straight from the trainer's memory into its place in the
+server's flat buffer, and each run of consecutive smaller ones is copied into a send buffer and
+broadcast as one (:func:`wire_runs`): a broadcast's fixed cost is more than copying a small tensor.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import importlib
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -175,6 +178,26 @@ def unflatten_bucket(flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence
     return out
 
 
+#: In the in-place wire form, tensors smaller than this travel in runs of consecutive ones, one
+#: broadcast per run (bench/weight_sync.py, 50 MB: one broadcast per tensor took 0.67-0.73 of the
+#: raw broadcast's throughput, one per bucket 0.87-0.98; at 500 MB copying the large ones cost more).
+SMALL_TENSOR_BYTES = 2 * 2**20
+
+
+def wire_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges of a bucket's tensors (their byte ``sizes``, in order) as the
+    in-place wire form sends them: a tensor of :data:`SMALL_TENSOR_BYTES` or more alone, each run of
+    consecutive smaller ones together. A range's bytes are contiguous in the flat layout."""
+    runs: list[list[int]] = []
+    for index, size in enumerate(sizes):
+        small = size < SMALL_TENSOR_BYTES
+        if small and runs and runs[-1][2]:
+            runs[-1][1] = index + 1
+        else:
+            runs.append([index, index + 1, small])
+    return [(start, stop) for start, stop, _ in runs]
+
+
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s bytes as a flat uint8 view (a copy only if it is not contiguous)."""
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
@@ -200,24 +223,26 @@ class StagedDigest:
 
 
 def receive_bucket(
-    group: Any, flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]], digest: StagedDigest
+    group: Any, flat: torch.Tensor, dtypes: Sequence[str], shapes: Sequence[Sequence[int]], digest: StagedDigest | None
 ) -> None:
-    """Receive into ``flat`` (uint8, :func:`bucket_nbytes` long) a bucket sent one broadcast per
-    tensor from rank 0 (:class:`BucketBroadcast`, not packed): each tensor's bytes land at its
-    place in the flat layout, and go into ``digest`` while the next ones are on the wire."""
+    """Receive into ``flat`` (uint8, :func:`bucket_nbytes` long) a bucket sent in place from rank 0
+    (:class:`BucketBroadcast`, not packed), one broadcast per :func:`wire_runs` range: each lands at
+    its place in the flat layout, and goes into ``digest`` (unless None) while the next ones are on
+    the wire."""
     if flat.numel() != bucket_nbytes(dtypes, shapes):
         raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {bucket_nbytes(dtypes, shapes)}")
-    received, offset = [], 0
-    for dtype, shape in zip(dtypes, shapes):
-        nbytes = math.prod(shape) * parse_dtype(dtype).itemsize
-        if nbytes:
-            part = flat[offset : offset + nbytes]
+    sizes = [math.prod(shape) * parse_dtype(dtype).itemsize for dtype, shape in zip(dtypes, shapes)]
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    received = []
+    for start, stop in wire_runs(sizes):
+        if offsets[stop] > offsets[start]:
+            part = flat[offsets[start] : offsets[stop]]
             received.append((group.broadcast(part, 0), part))
-        offset += nbytes
     try:
         for work, part in received:
             work.wait()
-            digest.update(part)  # the hash lets go of the GIL: it runs beside the receive
+            if digest is not None:
+                digest.update(part)  # the hash lets go of the GIL: it runs beside the receive
     except BaseException:
         received = work = group = None  # the traceback keeps this frame: let the group go
         raise
@@ -249,8 +274,9 @@ class SendBuffers:
 class BucketBroadcast:
     """Rank 0's send loop of a flat-bucket broadcast: each bucket's tensors are read from the
     source (checked against what the servers were told) and broadcast while the previous bucket is
-    on the wire: ``packed``, copied into a send buffer and sent in one broadcast; otherwise one
-    broadcast per tensor from its own memory. ``sending`` tells a failure's cause apart: while a
+    on the wire: ``packed``, copied into a send buffer and sent in one broadcast; otherwise in
+    place (:func:`wire_runs`: large tensors from their own memory, runs of small ones through the
+    send buffer). ``sending`` tells a failure's cause apart: while a
     bucket is on the wire, a server's refusal (which aborted it) is the cause; while the source is
     read, the source."""
 
@@ -272,10 +298,11 @@ class BucketBroadcast:
                 if got != declared:
                     raise ValueError(f"bucket {index}: the source yielded {got[:2]}..., not its declared {declared[:2]}...")
                 self.sending = True
-                if self.packed:  # into the buffer bucket ``index - 2`` used (waited for already)
+                # a send buffer is the one bucket ``index - 2`` used (waited for already)
+                if self.packed:
                     sent = [self.buffers.pack([t for _, t in parts], index % 2)]
                 else:
-                    sent = [as_bytes(t) for _, t in parts if t.numel()]
+                    sent = self._in_place([t for _, t in parts], index % 2)
                 works = [group.broadcast(t, 0) for t in sent]
                 for work in pending or ():
                     work.wait()
@@ -290,6 +317,22 @@ class BucketBroadcast:
         extra = next(tensors, None)
         if extra is not None:
             raise ValueError(f"the source yielded {extra[0]!r} beyond the tensors it declared")
+
+    def _in_place(self, tensors: list[torch.Tensor], slot: int) -> list[torch.Tensor]:
+        """A bucket's in-place wire form: one byte view per :func:`wire_runs` range, a lone tensor's
+        own memory, a run of small ones packed into send buffer ``slot``; empty ones left out."""
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        runs = wire_runs(sizes)
+        packed = self.buffers.pack([t for start, stop in runs if stop - start > 1 for t in tensors[start:stop]], slot)
+        out, offset = [], 0
+        for start, stop in runs:
+            if stop - start == 1:
+                out.append(as_bytes(tensors[start]))
+            else:
+                nbytes = sum(sizes[start:stop])
+                out.append(packed[offset : offset + nbytes])
+                offset += nbytes
+        return [t for t in out if t.numel()]
 
 
 class FlatBucketChannel(WeightChannel):

@@ -22,7 +22,7 @@ _LABEL = "hf server"
 class HFWeightChannel(FlatBucketChannel):
     """Trainer half of the hf engine's collective weight path (gloo only: the servers run on CPU)."""
 
-    packed = False  # one broadcast per tensor, from the trainer's memory (receiver: receive_bucket)
+    packed = False  # in place: large tensors from the trainer's memory, small ones in runs (receiver: receive_bucket)
 
     def __init__(self, spec: ChannelSpec, *, rank: int, device: torch.device) -> None:
         super().__init__(spec, rank=rank, device=torch.device("cpu"))  # gloo buckets live on the host
@@ -50,6 +50,7 @@ class HFWeightChannel(FlatBucketChannel):
         body = to_json(ReceiveWeightsBody(
             names=[n for b in buckets for n in b.names], dtypes=[d for b in buckets for d in b.dtypes],
             shapes=[s for b in buckets for s in b.shapes], version=version, bucket_sizes=[len(b.names) for b in buckets],
+            digest=len(self.spec.servers) > 1,  # the commit compares servers' digests: one has no peer
         ))  # fmt: skip
         self._post("/receive_weights", [body] * len(self.spec.servers))  # one call: no round trip between buckets
 

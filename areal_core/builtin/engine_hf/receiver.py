@@ -205,7 +205,7 @@ class WeightGroup:
         buffers, and stage it as named tensors (views of the buffers where aligned)."""
         for names, dtypes, shapes in body.buckets():
             flat = staged.buffer(body.version, bucket_nbytes(dtypes, shapes))
-            receive_bucket(self.group, flat, dtypes, shapes, staged.digest)
+            receive_bucket(self.group, flat, dtypes, shapes, staged.digest if body.digest else None)
             staged.add(body.version, dict(zip(names, unflatten_bucket(flat, dtypes, shapes))), flat)
 
     def close(self) -> None:

@@ -9,9 +9,10 @@ rank 0) for the rendezvous, then the data plane on its store, here torch's publi
 ``ProcessGroupGloo`` instead of ``PyNcclCommunicator``.
 
 Wire format: each update is one ``update_weights`` call carrying every tensor's name, dtype and
-shape plus how many tensors each bucket holds; the trainer then broadcasts each tensor's bytes,
-which the worker receives in place into one flat uint8 buffer per bucket
-(``areal_core.api.weight_channel.receive_bucket``; ``flatten_bucket``'s layout).
+shape plus how many tensors each bucket holds; the trainer then broadcasts the tensors' bytes (a
+large tensor alone, a run of small ones together: ``wire_runs``), which the worker receives in
+place into one flat uint8 buffer per bucket (``areal_core.api.weight_channel.receive_bucket``;
+``flatten_bucket``'s layout).
 """
 
 from __future__ import annotations
