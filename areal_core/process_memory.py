@@ -31,10 +31,18 @@ def _stat_ids(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[2])
 
 
+def _status_bytes(pid: int, key: str) -> int:
+    return int(_status(pid).get(key, "0 kB").split()[0]) * 1024
+
+
 def peak_rss_bytes(pid: int) -> int:
     """``VmHWM`` of ``pid`` in bytes (0 where unknown)."""
-    value = _status(pid).get("VmHWM", "0 kB").split()[0]
-    return int(value) * 1024
+    return _status_bytes(pid, "VmHWM")
+
+
+def rss_bytes(pid: int) -> int:
+    """``VmRSS`` (resident now) of ``pid`` in bytes (0 where unknown)."""
+    return _status_bytes(pid, "VmRSS")
 
 
 def peak_rss_by_group(groups: Iterable[tuple[str, int]], controller: int | None = None) -> dict[str, tuple[int, int]]:

@@ -13,26 +13,22 @@ allocator. Run it again with ``MALLOC_ARENA_MAX=1`` (or other glibc tunables) to
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import socket
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from areal_core.builtin.platform_cpu.platform import CpuPlatform
-from areal_core.config import load_config
-from areal_core.model_source import is_source, prepare_model
-from areal_core.plugins import load_plugins
-from areal_core.train.fsdp_policy import FSDPPolicy
-from train_step import make_trajs
+from areal_core.api.scheduler import free_port
+from areal_core.process_memory import peak_rss_bytes, rss_bytes
+from train_step import make_trajs, real_engine
 
 
 def rss_gb() -> tuple[float, float]:
-    """(current, peak) resident memory of this process in GB (``VmRSS``, ``VmHWM``)."""
-    fields = dict(line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":\t" in line)
-    return tuple(int(fields[key].split()[0]) / 2**20 for key in ("VmRSS", "VmHWM"))  # type: ignore[return-value]
+    """(current, peak) resident memory of this process in GB."""
+    pid = os.getpid()
+    return rss_bytes(pid) / 2**30, peak_rss_bytes(pid) / 2**30
 
 
 def main() -> None:
@@ -47,17 +43,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    path = prepare_model(args.model, Path("runs") / "models") if is_source(args.model) else Path(args.model)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        config = load_config(None, [f"model.path={path}", f"model.dtype={args.dtype}", "total_train_steps=100",
-                                    "actor.optimizer.lr=1e-6", f"actor.max_tokens_per_mb={args.max_tokens_per_mb}"])
-        algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
-        engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
-        engine.initialize()
+        engine, path = real_engine(args.model, args.dtype, args.max_tokens_per_mb)
         print(f"model {path.name} {args.dtype}, max_tokens_per_mb {args.max_tokens_per_mb}, {args.threads} threads")
         print("after initialize: rss %.2f GB, peak %.2f GB" % rss_gb())
         print(f"{'step':>4} {'tokens':>7} {'s':>6} {'tok/s':>6} {'rss GB':>7} {'peak GB':>8}")
@@ -70,7 +58,8 @@ def main() -> None:
             engine.compute_logprobs([t.input_ids for t in trajs])
             engine.ppo_update(trajs, [1.0 if i % 2 else -1.0 for i in range(len(trajs))])
             seconds = time.perf_counter() - start
-            print(f"{step:>4} {sum(lengths):>7} {seconds:>6.1f} {sum(lengths) / seconds:>6.0f} {rss_gb()[0]:>7.2f} {rss_gb()[1]:>8.2f}")
+            rss, peak = rss_gb()
+            print(f"{step:>4} {sum(lengths):>7} {seconds:>6.1f} {sum(lengths) / seconds:>6.0f} {rss:>7.2f} {peak:>8.2f}")
     finally:
         dist.destroy_process_group()
 

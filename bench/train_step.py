@@ -28,6 +28,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -184,18 +185,24 @@ def lora_vs_full(steps: int) -> None:
           f"step time {speeds['full'] / speeds['lora']:.2f}")
 
 
-def real_model(source: str, dtype: str, steps: int, threads: int) -> None:
-    """(a) alone on a real model (a directory or a source), at its job's lengths, in ``dtype``."""
-    from pathlib import Path
-
+def real_engine(source: str, dtype: str, max_tokens_per_mb: int = MAX_TOKENS) -> tuple[FSDPPolicy, Path]:
+    """The framework's engine, initialised, on a real model (a directory, or a source converted
+    under runs/models), computing in ``dtype``; and the model's directory."""
     from areal_core.model_source import is_source, prepare_model
 
     path = prepare_model(source, Path("runs") / "models") if is_source(source) else Path(source)
-    config = load_config(None, [f"model.path={path}", f"model.dtype={dtype}", f"actor.max_tokens_per_mb={MAX_TOKENS}",
+    config = load_config(None, [f"model.path={path}", f"model.dtype={dtype}", f"actor.max_tokens_per_mb={max_tokens_per_mb}",
                                 "total_train_steps=100", "actor.optimizer.lr=1e-6"])
     algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
     engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
     engine.initialize()
+    return engine, path
+
+
+def real_model(source: str, dtype: str, steps: int, threads: int) -> None:
+    """(a) alone on a real model (a directory or a source), at its job's lengths, in ``dtype``."""
+    engine, path = real_engine(source, dtype)
+    config, algorithm = engine.config, engine.algorithm
     loop = BareLoop(config, algorithm, False)
     vocab = engine.model.lm.config.vocab_size
     lengths = [random.Random(0).randint(80, 140) for _ in range(32)]

@@ -1,6 +1,7 @@
 """The pieces of a collective weight update that need no server: the in-place wire form of a
-flat bucket over a real gloo pair (large tensors alone, runs of small ones together), the staged-bytes digest, the hf server's staging with its
-recycled receive buffers, and the in-place safetensors writer of the disk path."""
+flat bucket over a real gloo pair (large tensors alone, runs of small ones together), the
+staged-bytes digest, the hf server's staging with its recycled receive buffers, and the in-place
+safetensors writer of the disk path."""
 
 from __future__ import annotations
 

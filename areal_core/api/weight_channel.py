@@ -61,6 +61,12 @@ class ChannelSpec:
     holds_requests: bool = False
 
     @property
+    def compares_digests(self) -> bool:
+        """Whether the commit compares the servers' digests of what they staged (it needs two):
+        where it does not, a server need not digest what it receives."""
+        return len(self.servers) > 1
+
+    @property
     def world_size(self) -> int:
         return 1 + len(self.servers) * self.ranks_per_server
 
@@ -188,14 +194,13 @@ def wire_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """``[start, stop)`` index ranges of a bucket's tensors (their byte ``sizes``, in order) as the
     in-place wire form sends them: a tensor of :data:`SMALL_TENSOR_BYTES` or more alone, each run of
     consecutive smaller ones together. A range's bytes are contiguous in the flat layout."""
-    runs: list[list[int]] = []
-    for index, size in enumerate(sizes):
-        small = size < SMALL_TENSOR_BYTES
-        if small and runs and runs[-1][2]:
-            runs[-1][1] = index + 1
-        else:
-            runs.append([index, index + 1, small])
-    return [(start, stop) for start, stop, _ in runs]
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for small, group in itertools.groupby(sizes, key=lambda size: size < SMALL_TENSOR_BYTES):
+        stop = start + len(list(group))
+        runs += [(start, stop)] if small else [(i, i + 1) for i in range(start, stop)]
+        start = stop
+    return runs
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -229,9 +234,9 @@ def receive_bucket(
     (:class:`BucketBroadcast`, not packed), one broadcast per :func:`wire_runs` range: each lands at
     its place in the flat layout, and goes into ``digest`` (unless None) while the next ones are on
     the wire."""
-    if flat.numel() != bucket_nbytes(dtypes, shapes):
-        raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {bucket_nbytes(dtypes, shapes)}")
     sizes = [math.prod(shape) * parse_dtype(dtype).itemsize for dtype, shape in zip(dtypes, shapes)]
+    if flat.numel() != sum(sizes):
+        raise ValueError(f"receive buffer has {flat.numel()} bytes, the bucket {sum(sizes)}")
     offsets = list(itertools.accumulate(sizes, initial=0))
     received = []
     for start, stop in wire_runs(sizes):

@@ -50,7 +50,7 @@ class HFWeightChannel(FlatBucketChannel):
         body = to_json(ReceiveWeightsBody(
             names=[n for b in buckets for n in b.names], dtypes=[d for b in buckets for d in b.dtypes],
             shapes=[s for b in buckets for s in b.shapes], version=version, bucket_sizes=[len(b.names) for b in buckets],
-            digest=len(self.spec.servers) > 1,  # the commit compares servers' digests: one has no peer
+            digest=self.spec.compares_digests,
         ))  # fmt: skip
         self._post("/receive_weights", [body] * len(self.spec.servers))  # one call: no round trip between buckets
 

@@ -5,8 +5,9 @@ rank 0 hosts the rendezvous and drives the servers through the ``VLLMWeightSyncC
 (init, then per update start -> update -> finish); every rank iterates the ``WeightSource`` (a
 collective: FSDP gathers), only rank 0 sends, in place (large tensors straight from its memory,
 runs of small ones packed), bucket ``k + 1`` queued while bucket ``k`` is on the wire
-(``areal_core.api.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A server that refuses the update aborts the group, so
-rank 0 fails at once instead of at the group's timeout.
+(``areal_core.api.weight_channel.BucketBroadcast``, the other flat-bucket channels' send loop). A
+server that refuses the update aborts the group, so rank 0 fails at once instead of at the
+group's timeout.
 """
 
 from __future__ import annotations
