@@ -232,7 +232,12 @@ class ClusterConfig:
 
 @frozen
 class StatsConfig:
-    tensorboard: bool = True
+    # where the stats go, in order: built-in jsonl (stats.jsonl, samples.jsonl) and tensorboard, or a
+    # plugin's (wandb, swanlab, mlflow; options under plugins.<name>)
+    sinks: list[str] = attrs.Factory(lambda: ["jsonl", "tensorboard"])
+    samples: int = attrs.field(default=8, validator=_ge(0))  # rows of each sample table (prompt, response, reward)
+    samples_every: int = attrs.field(default=0, validator=_ge(0))  # a table of training samples every N steps; 0 = none
+    sink_timeout: float = attrs.field(default=30.0, validator=_gt(0))  # seconds in one sink call before it is reported
     eval_every: int = attrs.field(default=10, validator=_ge(0))  # greedy held-out accuracy; 0 = off
     eval_at_start: bool = True  # also before the first step: the summary's "before" and the curve's step 0
     progress: bool = True

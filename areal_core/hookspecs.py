@@ -101,3 +101,13 @@ def areal_register_tool_parsers(register: RegisterNamed) -> None:
         list of :class:`areal_core.api.tool_call.ToolCall`; text it does not recognise comes
         back unchanged with no calls. The name is what ``agent.tool_parser`` selects.
     """
+
+
+@hookspec
+def areal_register_stats_sinks(register: RegisterNamed) -> None:
+    """Register stats sinks: where a run's scalars and sample tables go (trackers, files).
+
+    :param register: call ``register("wandb", SinkCls)``; the name is what ``stats.sinks`` lists.
+        ``SinkCls(run: SinkRun)`` implements :class:`areal_core.api.stats_sink.StatsSink`; its
+        options come from the config's ``plugins.<name>`` section.
+    """

@@ -35,6 +35,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "reward": ("areal_register_rewards", "reward"),
     "dataset": ("areal_register_datasets", "dataset"),
     "tool_parser": ("areal_register_tool_parsers", "tool_parser"),
+    "stats_sink": ("areal_register_stats_sinks", "stats"),
 }
 
 #: Names users ask for that live in a distribution of ours, so the error can say what to install.
@@ -45,6 +46,9 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
     ("engine", "sglang"): "areal-engine-sglang",
     ("weight_updater", "disk"): "areal-reshard-disk",
     ("weight_updater", "xccl"): "areal-reshard-xccl",
+    ("stats_sink", "wandb"): "areal-stats-wandb",
+    ("stats_sink", "swanlab"): "areal-stats-swanlab",
+    ("stats_sink", "mlflow"): "areal-stats-mlflow",
 }
 
 BUILTIN_MODULES: tuple[str, ...] = (
@@ -54,6 +58,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "areal_core.builtin.rewards",
     "areal_core.builtin.datasets",
     "areal_core.builtin.tool_parsers",
+    "areal_core.builtin.stats_sinks",
 )
 BUILTIN_DISTRIBUTION = "areal-core"
 

@@ -53,6 +53,11 @@ def resolve_config(config: Config, plugins: Plugins, *, require_available: bool 
             plugins.registration(kind, name)
         except PluginError as exc:
             raise ConfigError(key, str(exc)) from None
+    for name in config.stats.sinks:
+        try:
+            plugins.registration("stats_sink", name)
+        except PluginError as exc:
+            raise ConfigError("stats.sinks", str(exc)) from None
     engine = plugins.get("engine", config.rollout.engine)
     engine.check_engine_args(config.rollout.engine_args)
     if config.rollout.pause_mode == "keep" and not issubclass(engine, SupportsKeepPause):

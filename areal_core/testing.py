@@ -358,3 +358,47 @@ def check_adapter_updates(engine: Any, base_dir: Any, out_root: Any, lora: Any, 
         assert all(r.versions == [version] * 12 for r in outputs)
         assert_logprobs_under(merged, generate_all(engine, sampled), atol)
     assert [r.output_ids for r in outputs] != [hf_greedy(base, p, 12) for p in prompts]
+
+
+
+def drive_sink(
+    name: str,
+    run_dir: Any,
+    steps: Any,
+    *,
+    resume_step: int = 0,
+    options: dict[str, Any] | None = None,
+    samples: Any = (),
+    config: dict[str, Any] | None = None,
+) -> list[str]:
+    """Drive the installed stats sink ``name`` through the run's own sink runner, as one attempt of
+    a run in ``run_dir`` would (``resume_step > 0``: the attempt recovered from that step). Each
+    step first gets the ``samples`` rows of that step, then the scalars ``{"reward/mean": step / 8 +
+    resume_step, "eval/accuracy": 0.25}``, so the attempts' values differ. Returns the lines the
+    runner reported (failures); a sink's tests read back what the tracker stored."""
+    from pathlib import Path
+
+    from areal_core.api.stats_sink import SinkRun
+    from areal_core.sink_runner import RunStats
+
+    lines: list[str] = []
+    run = SinkRun(run_dir=Path(run_dir), experiment_name="exp", trial_name="t1", config=config or {"seed": 7},
+                  options={}, resume_step=resume_step)  # fmt: skip
+    sink = load_plugins().get("stats_sink", name)
+    stats = RunStats({name: sink}, run, options={name: options or {}}, history=[], timeout=60, report=lines.append)
+    for step in steps:
+        stats.log_samples(step, [row for row in samples if row.step == step])
+        stats.log_scalars(step, {"reward/mean": step / 8 + resume_step, "eval/accuracy": 0.25})
+    stats.close()
+    return lines
+
+
+def sink_test_rows() -> list[Any]:
+    """A sample table for :func:`drive_sink`: three held-out answers at step 2, one training sample."""
+    from areal_core.api.stats_sink import SampleRow
+
+    return [
+        SampleRow(step=2, split=split, id=str(i), prompt=f"What is {i} + 1?", response=f"It is {i + 1}.",
+                  reward=1.0, output_tokens=5 + i, version=2)
+        for i, split in enumerate(["eval", "eval", "eval", "train"])
+    ]  # fmt: skip

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import attrs
 
 from areal_core.api.errors import PluginError
-from areal_core.config import Config, DatasetConfig, dump_yaml
+from areal_core.api.stats_sink import SampleRow, SinkRun
+from areal_core.config import Config, DatasetConfig, dump_yaml, to_dict
 from areal_core.controller_tuning import collect_all_soon, controller_tuning
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.process_memory import peak_rss_by_group, render_peaks
@@ -33,6 +34,7 @@ from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fin
 from areal_core.resolve import adapter_weight_path_note, resolve_config
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
+from areal_core.sink_runner import RunStats
 from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline, open_timeline
 from areal_core.api.trajectory import Trajectory
@@ -63,6 +65,7 @@ class RunSummary:
     eval_failures: FailureCounts = attrs.Factory(FailureCounts)  # held-out episodes that failed (scored 0)
     run_dir: Path
     final_model: Path
+    sinks: tuple[str, ...] = ("jsonl", "tensorboard")  # stats.sinks
 
     def render(self) -> str:
         """Plain text: print it with ``print`` (rich would wrap long paths at 80 columns without a TTY)."""
@@ -84,9 +87,27 @@ class RunSummary:
                 f"run dir      {self.run_dir}",
                 f"final model  {self.final_model}",
                 f"reward curve {self.run_dir / 'reward_curve.png'}",
-                f"stats        {self.run_dir / 'stats.jsonl'} (TensorBoard: {self.run_dir / 'tensorboard'})",
+                *([f"stats        {self._sinks_line()}"] if self.sinks else []),
             ]
         )
+
+    def _sinks_line(self) -> str:
+        where = {"jsonl": str(self.run_dir / "stats.jsonl"), "tensorboard": f"TensorBoard: {self.run_dir / 'tensorboard'}"}  # fmt: skip
+        first, *rest = [where.get(name, name) for name in self.sinks]
+        return f"{first} ({', '.join(rest)})" if rest else first
+
+
+def _sample_row(
+    step: int, split: str, item: dict[str, Any], result: Trajectory | Exception, *, version: int
+) -> SampleRow:
+    """One row of a sample table; a failed episode shows its error as the response."""
+    prompt = item.get("prompt", "")
+    failed = isinstance(result, Exception)
+    return SampleRow(
+        step=step, split=split, id=str(item["id"]), prompt=prompt if isinstance(prompt, str) else json.dumps(prompt),
+        response=f"{type(result).__name__}: {result}" if failed else str(result.info.get("completion", "")),
+        reward=0.0 if failed else result.reward, output_tokens=0 if failed else result.n_output_tokens, version=version,
+    )  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:
@@ -298,6 +319,7 @@ class _Loop:
         self.timeline = Timeline(None)  # replaced by the run's recorder in run()
         self.aborted_updates = 0  # weight updates that left the servers on their previous weights
         self.eval_failures = FailureCounts()  # held-out episodes of every evaluation so far
+        self.train_items_by_id = {str(item["id"]): item for item in train_items}  # the sample tables' prompts
 
     # ------------------------------------------------------------------ helpers
     def _restore(self) -> int:
@@ -340,6 +362,7 @@ class _Loop:
             return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
 
         results = self.rollout.run(all_items())
+        self.stats.log_samples(step, self._eval_sample_rows(step, results))
         with (self.run_dir / EVAL_SAMPLES_FILE).open("a") as out:
             for item, result in zip(self.valid_items, results, strict=True):
                 row: dict[str, Any] = {"step": step, "id": str(item["id"]), "answer": item.get("answer")}
@@ -365,8 +388,45 @@ class _Loop:
             return None
         with timeline.span("eval", 0):
             accuracy = self._evaluate(0)
+        self.stats.log_scalars(0, {"eval/accuracy": accuracy})
         say(f"held-out greedy accuracy before training: {accuracy:.2f} ({len(self.valid_items)} items)")
         return accuracy
+
+    def _open_stats(self, start_step: int) -> RunStats:
+        """The run's sinks (``stats.sinks``), and its history: a recovered run's rows up to its resume step."""
+        from areal_core.builtin.stats_sinks.jsonl import STATS_FILE, read_rows
+
+        config = self.config
+        run = SinkRun(
+            run_dir=self.run_dir, experiment_name=config.experiment_name, trial_name=config.trial_name,
+            config=to_dict(config), options={}, resume_step=start_step,
+        )  # fmt: skip
+        return RunStats(
+            {name: self.planes.plugins.get("stats_sink", name) for name in config.stats.sinks},
+            run,
+            options=config.plugins,
+            history=read_rows(self.run_dir / STATS_FILE, start_step) if start_step else [],
+            timeout=config.stats.sink_timeout,
+            report=say,
+        )
+
+    def _eval_sample_rows(self, step: int, results: list[Trajectory | Exception]) -> list[SampleRow]:
+        """The first ``stats.samples`` held-out answers of an evaluation (the same items every time)."""
+        if not self.stats.takes_tables:
+            return []
+        pairs = zip(self.valid_items[: self.config.stats.samples], results)
+        return [_sample_row(step, "eval", item, result, version=step) for item, result in pairs]
+
+    def _train_sample_rows(self, step: int, batch: list[Trajectory]) -> list[SampleRow]:
+        """Every ``stats.samples_every`` steps, the first ``stats.samples`` samples the step trained on."""
+        every = self.config.stats.samples_every
+        if not (self.stats.takes_tables and every and step % every == 0):
+            return []
+        return [
+            _sample_row(step, "train", self.train_items_by_id.get(traj.prompt_id, {"id": traj.prompt_id}), traj,
+                        version=max(traj.versions))
+            for traj in batch[: self.config.stats.samples]
+        ]
 
     def _next_batch(self, step: int) -> list[Trajectory]:
         """``prepare_batch``, checking between waits that the workers are up and servers are serving,
@@ -497,7 +557,7 @@ class _Loop:
     # ------------------------------------------------------------------ the loop
     def run(self, created: float) -> RunSummary:
         """Train to ``total_train_steps``; ``created`` (perf_counter) is when start-up began."""
-        from areal_core.stats import StatsLogger, plot_reward_curve
+        from areal_core.stats import plot_reward_curve
 
         config, planes = self.config, self.planes
         self.timeline = timeline = open_timeline(self.run_dir, config.stats.timeline, config.train_dataset.batch_size)
@@ -505,7 +565,7 @@ class _Loop:
         version = start_step
         rollout = self.rollout
         rollout.start()
-        stats_log = StatsLogger(self.run_dir, tensorboard=config.stats.tensorboard, resume_step=start_step)
+        self.stats = stats_log = self._open_stats(start_step)
         t0 = time.perf_counter()
         say(f"start-up took {t0 - created:.0f}s; training steps {start_step + 1}-{config.total_train_steps}")
         samples = tokens = 0
@@ -529,6 +589,7 @@ class _Loop:
                     n_tokens = sum(t.n_output_tokens for t in batch)
                     samples, tokens = samples + len(batch), tokens + n_tokens
                     reward_mean = _mean([t.reward for t in batch])
+                    train_rows = self._train_sample_rows(step, batch)  # the weight update frees the batch
                     version += 1
                     stats["time/weight_update_s"] = self._update_weights(version, step, done_with=batch)
                     stats.update(
@@ -551,7 +612,8 @@ class _Loop:
                         with timeline.span("eval", step):
                             last_eval = stats["eval/accuracy"] = self._evaluate(step)
                     stats.update(self._failure_stats(failure_counts))
-                    stats_log.log(step, stats)
+                    stats_log.log_scalars(step, stats)
+                    stats_log.log_samples(step, train_rows)
                     progress.update(step, stats)
                     self._report_failures(f"step {step}")
                     if config.recover.mode == "auto" and step % config.recover.freq_steps == 0:
@@ -591,6 +653,7 @@ class _Loop:
             eval_failures=self.eval_failures,
             run_dir=self.run_dir,
             final_model=final,
+            sinks=tuple(config.stats.sinks),
         )
 
     def _save_hf(self, name: str) -> Path:

@@ -268,7 +268,7 @@ def main() -> None:
         f"rollout.pause_mode={args.pause_mode}",
         "stats.progress=false",
         "stats.eval_every=0",
-        "stats.tensorboard=false",
+        "stats.sinks=[jsonl]",
     ]
     results: dict[str, list[dict[str, float]]] = {"real": [], "replay": []}
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:

@@ -34,7 +34,7 @@ def run(root: Path, trial: str, engine: str, mode: str, steps: int) -> dict[str,
     overrides = [
         f"fileroot={root}", f"trial_name={trial}", f"total_train_steps={steps}", f"rollout.engine={engine}",
         f"rollout.pause_mode={mode}", "rollout.max_head_offpolicyness=2", "gconfig.max_new_tokens=32",
-        "stats.eval_every=0", "stats.progress=false", "stats.tensorboard=false",
+        "stats.eval_every=0", "stats.progress=false", "stats.sinks=[jsonl]",
     ]
     summary = Trainer(load_config(str(CONFIG), overrides)).run()
     rows = [json.loads(line) for line in (summary.run_dir / "stats.jsonl").read_text().splitlines()]

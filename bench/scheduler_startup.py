@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = [
     "--config", str(REPO / "examples/quickstart/config.yaml"), "total_train_steps=2", "gconfig.n_samples=4",
     "train_dataset.batch_size=4", "train_dataset.size=16", "valid_dataset.size=4", "stats.eval_every=0",
-    "stats.progress=false", "stats.tensorboard=false",
+    "stats.progress=false", "stats.sinks=[jsonl]",
 ]
 
 

@@ -33,7 +33,7 @@ def run(root: Path, trial: str, steps: int, timeline: bool) -> tuple[float, Path
     """One quickstart run; returns its mean step time (``time/step_s``) and run directory."""
     overrides = [
         f"fileroot={root}", f"trial_name={trial}", f"total_train_steps={steps}", "stats.eval_every=0",
-        "stats.progress=false", "stats.tensorboard=false", f"stats.timeline={str(timeline).lower()}",
+        "stats.progress=false", "stats.sinks=[jsonl]", f"stats.timeline={str(timeline).lower()}",
     ]
     summary = Trainer(load_config(str(CONFIG), overrides)).run()
     rows = [json.loads(line) for line in (summary.run_dir / "stats.jsonl").read_text().splitlines()]

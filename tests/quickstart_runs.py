@@ -37,6 +37,7 @@ SHORT_RUN = [
     "train_dataset.size=12",
     "valid_dataset.size=6",
     "stats.eval_every=2",
+    "stats.samples_every=1",  # a table of training samples every step: samples.jsonl is compared after a recovery
     "stats.progress=false",
 ]
 

@@ -23,6 +23,8 @@ def _areal(*args: str, **kw) -> subprocess.CompletedProcess:
         (["config", "rollout.engine=sglang"], "rollout.engine: engine 'sglang' is installed (plugin 'engine_sglang' from areal-engine-sglang) but AREAL_PLUGINS=reshard_disk filters it out"),
         (["config", "actor.algorithm=ppx"], "actor.algorithm: algorithm 'ppx' is not installed (installed algorithms: "),
         (["config", "platform=npu"], "platform: platform 'npu' is installed (plugin 'platform_npu' from areal-platform-npu) but AREAL_PLUGINS=reshard_disk filters it out"),
+        (["config", "stats.sinks=[jsonl, wandbb]"], "stats.sinks: stats_sink 'wandbb' is not installed (installed stats_sinks: jsonl, tensorboard)"),
+        (["config", "stats.sinks=[jsonl, wandb]"], "stats.sinks: stats_sink 'wandb' is installed (plugin 'stats_wandb' from areal-stats-wandb) but AREAL_PLUGINS=reshard_disk filters it out"),
         (["config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
         (["config", "rollout.pause_mode=hold"], "rollout.pause_mode: must be one of 'abort', 'keep', got 'hold'"),
         (["config", "train_dataset.options={max_operand: -1}"], "train_dataset.options.max_operand: must be >= min_operand (0), got -1"),
@@ -89,7 +91,7 @@ def test_config_prints_resolved_yaml_that_loads_back(tmp_path):
 def test_plugins_lists_builtins_without_heavy_imports():
     code = (
         "import sys, json; from areal_core.cli import main; main(['plugins', '--json']); "
-        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'sglang', 'torch_npu', 'transformers'}); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'sglang', 'torch_npu', 'transformers', 'wandb', 'swanlab', 'mlflow'}); "
         "print(json.dumps(heavy), file=sys.stderr)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -70,7 +70,7 @@ BAD_INPUTS = [
     (["rollot.engine=hf"], "rollot: unknown key; did you mean 'rollout'?"),
     (["actor.world_size=two"], "actor.world_size: expected an integer, got 'two'"),
     (["gconfig.temperature=hot"], "gconfig.temperature: expected a number, got 'hot'"),
-    (["stats.tensorboard=maybe"], "stats.tensorboard: expected true/false, got 'maybe'"),
+    (["stats.progress=maybe"], "stats.progress: expected true/false, got 'maybe'"),
     (["model.dtype=fp8"], "model.dtype: must be one of 'float32', 'bfloat16', got 'fp8'"),
     (["rollout.max_head_offpolicyness=-1"], "rollout.max_head_offpolicyness: must be >= 0, got -1"),
     (["gconfig.top_p=1.5"], "gconfig.top_p: must be <= 1, got 1.5"),

@@ -48,6 +48,9 @@ def test_killed_run_recovers_to_the_uninterrupted_result(uninterrupted_run, mark
 
     assert rewards(killed_dir) == rewards(whole_dir)
     assert_same_params(whole_dir, killed_dir)
+    # the sample tables were cut back to the recover point and written again: each step once, as uninterrupted
+    samples = [(whole_dir / "samples.jsonl").read_text(), (killed_dir / "samples.jsonl").read_text()]
+    assert samples[0] == samples[1] and '"split": "train"' in samples[0] and '"step": 0' in samples[0]
 
 
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])

@@ -47,7 +47,9 @@ def test_extras_select_the_plugins_of_each_platform():
     assert core_closure({"vllm"}) - core_closure(set()) == {"areal-engine-vllm"}
     assert core_closure({"sglang"}) - core_closure(set()) == {"areal-engine-sglang"}
     hardware_only = {"areal-platform-cuda", "areal-platform-npu", "areal-engine-sglang"}
-    assert core_closure({"all-cpu"}) == set(NAMES) - hardware_only
+    trackers = {"areal-stats-wandb", "areal-stats-swanlab", "areal-stats-mlflow"}
+    assert core_closure({"trackers"}) - core_closure(set()) == trackers
+    assert core_closure({"all-cpu"}) == set(NAMES) - hardware_only - trackers
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

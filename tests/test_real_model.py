@@ -72,7 +72,7 @@ RUN = [
     "actor.threads_per_worker=1",
     "reward.name=math", "reward.workers=1",
     "train_dataset={name: word_problems, batch_size: 2, options: {kinds: [mul], max_operand: 3, instruction: ''}}",
-    "stats.eval_every=0", "stats.progress=false", "stats.tensorboard=false",
+    "stats.eval_every=0", "stats.progress=false", "stats.sinks=[jsonl]",
 ]  # fmt: skip
 
 

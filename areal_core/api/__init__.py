@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 
 #: Marks a plugin's hook implementations (the specs are in :mod:`areal_core.hookspecs`).
 hookimpl = pluggy.HookimplMarker("areal")
@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "http_json": ("answers_ok", "get_json", "post_json"),
     "platform": ("Platform",),
     "reward": ("RewardFn", "call_reward"),
+    "stats_sink": ("SAMPLE_COLUMNS", "SampleRow", "SinkRun", "StatsSink", "check_sink_options", "markdown_table"),
     "scheduler": ("ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "free_port", "log_tail"),
     "tool_call": ("ToolCall", "ToolParser"),
     "trajectory": ("Trajectory",),
