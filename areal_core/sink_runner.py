@@ -53,9 +53,17 @@ class SinkWorker:
     """One sink behind a queue and a daemon thread; reports its first failure and goes quiet."""
 
     def __init__(
-        self, name: str, cls: type[StatsSink], run: SinkRun, *, timeout: float, report: Callable[[str], None]
+        self,
+        name: str,
+        cls: type[StatsSink],
+        run: SinkRun,
+        *,
+        timeout: float,
+        report: Callable[[str], None],
+        jsonl_beside: bool = False,
     ) -> None:
         self.name, self.cls, self.timeout, self._report = name, cls, timeout, report
+        self.jsonl_beside = jsonl_beside  # whether the jsonl sink runs too: then every step is in stats.jsonl
         self.state_path = run.run_dir / TRACKERS_DIR / f"{name}.json"
         resumed = run.resume_step > 0 and not cls.rewrites_history
         state = _State.load(self.state_path) if resumed else _State()
@@ -86,17 +94,18 @@ class SinkWorker:
         if time.monotonic() - since > self.timeout:
             self._stuck_reported = True
             self._report(f"stats sink {self.name!r} has not returned from {what} for over {self.timeout:g}s; "
-                         f"its events queue up and the run goes on{self._where()}")  # fmt: skip
+                         f"the run goes on and leaves it behind at the end if it stays stuck{self._where()}")  # fmt: skip
 
     def close(self) -> None:
-        """Ask the thread to finish what is queued and close the sink; wait up to ``timeout``."""
+        """Ask the thread to finish what is queued and close the sink; wait up to ``timeout``, then
+        leave it behind (reported here unless its hang was reported already)."""
         self._queue.put(_CLOSE)
         self._thread.join(self.timeout)
-        if self._thread.is_alive() and not self.failed:
-            self.check_stuck()
-            self._report(
-                f"stats sink {self.name!r} did not finish within {self.timeout:g}s; left behind{self._where()}"
-            )
+        if self._thread.is_alive() and not (self.failed or self._stuck_reported):
+            busy = self._busy
+            doing = f" (stuck in {busy[1]})" if busy else ""
+            self._report(f"stats sink {self.name!r} did not finish within {self.timeout:g}s{doing}; "
+                         f"left behind{self._where()}")  # fmt: skip
 
     # ------------------------------------------------------------------ the sink's thread
     def _serve(self) -> None:
@@ -131,7 +140,9 @@ class SinkWorker:
 
     def _where(self) -> str:
         copy = self.sink.local_copy() if self.sink is not None else None
-        return f" (its data so far: {copy})" if copy else " (every step stays in stats.jsonl)"
+        if copy:
+            return f" (its data so far: {copy})"
+        return " (every step stays in stats.jsonl)" if self.jsonl_beside else ""
 
 
 class RunStats:
@@ -151,7 +162,7 @@ class RunStats:
         self.history = history
         self.workers = [
             SinkWorker(name, cls, attrs.evolve(run, options=dict(options.get(name) or {})), timeout=timeout,
-                       report=report)
+                       report=report, jsonl_beside="jsonl" in sinks and name != "jsonl")
             for name, cls in sinks.items()
         ]  # fmt: skip
         self.takes_tables = any(cls.takes_tables for cls in sinks.values())

@@ -34,6 +34,7 @@ from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fin
 from areal_core.resolve import adapter_weight_path_note, resolve_config
 from areal_core.rollout.runner import RolloutRunner
 from areal_core.rollout.failures import FailureCounts, FailureTracker
+from areal_core.sample_tables import eval_rows, train_rows
 from areal_core.sink_runner import RunStats
 from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline, open_timeline
@@ -95,19 +96,6 @@ class RunSummary:
         where = {"jsonl": str(self.run_dir / "stats.jsonl"), "tensorboard": f"TensorBoard: {self.run_dir / 'tensorboard'}"}  # fmt: skip
         first, *rest = [where.get(name, name) for name in self.sinks]
         return f"{first} ({', '.join(rest)})" if rest else first
-
-
-def _sample_row(
-    step: int, split: str, item: dict[str, Any], result: Trajectory | Exception, *, version: int
-) -> SampleRow:
-    """One row of a sample table; a failed episode shows its error as the response."""
-    prompt = item.get("prompt", "")
-    failed = isinstance(result, Exception)
-    return SampleRow(
-        step=step, split=split, id=str(item["id"]), prompt=prompt if isinstance(prompt, str) else json.dumps(prompt),
-        response=f"{type(result).__name__}: {result}" if failed else str(result.info.get("completion", "")),
-        reward=0.0 if failed else result.reward, output_tokens=0 if failed else result.n_output_tokens, version=version,
-    )  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:
@@ -362,7 +350,8 @@ class _Loop:
             return list(await asyncio.gather(*(one(item) for item in self.valid_items)))
 
         results = self.rollout.run(all_items())
-        self.stats.log_samples(step, self._eval_sample_rows(step, results))
+        if self.stats.takes_tables:
+            self.stats.log_samples(step, eval_rows(step, self.valid_items, results, self.config.stats.samples))
         with (self.run_dir / EVAL_SAMPLES_FILE).open("a") as out:
             for item, result in zip(self.valid_items, results, strict=True):
                 row: dict[str, Any] = {"step": step, "id": str(item["id"]), "answer": item.get("answer")}
@@ -410,23 +399,12 @@ class _Loop:
             report=say,
         )
 
-    def _eval_sample_rows(self, step: int, results: list[Trajectory | Exception]) -> list[SampleRow]:
-        """The first ``stats.samples`` held-out answers of an evaluation (the same items every time)."""
-        if not self.stats.takes_tables:
-            return []
-        pairs = zip(self.valid_items[: self.config.stats.samples], results)
-        return [_sample_row(step, "eval", item, result, version=step) for item, result in pairs]
-
     def _train_sample_rows(self, step: int, batch: list[Trajectory]) -> list[SampleRow]:
-        """Every ``stats.samples_every`` steps, the first ``stats.samples`` samples the step trained on."""
+        """Every ``stats.samples_every`` steps, a table of the samples the step trained on."""
         every = self.config.stats.samples_every
         if not (self.stats.takes_tables and every and step % every == 0):
             return []
-        return [
-            _sample_row(step, "train", self.train_items_by_id.get(traj.prompt_id, {"id": traj.prompt_id}), traj,
-                        version=max(traj.versions))
-            for traj in batch[: self.config.stats.samples]
-        ]
+        return train_rows(step, batch, self.train_items_by_id, self.config.stats.samples)
 
     def _next_batch(self, step: int) -> list[Trajectory]:
         """``prepare_batch``, checking between waits that the workers are up and servers are serving,

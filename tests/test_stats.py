@@ -192,11 +192,24 @@ def test_a_hanging_sink_never_holds_up_the_run_and_is_left_behind(tmp_path):
     try:
         assert time.monotonic() - start < 3
         assert lines == [
-            "stats sink 'slow' has not returned from log_scalars at step 1 for over 0.3s; its events queue up and "
-            "the run goes on (every step stays in stats.jsonl)",
-            "stats sink 'slow' did not finish within 0.3s; left behind (every step stays in stats.jsonl)",
+            "stats sink 'slow' has not returned from log_scalars at step 1 for over 0.3s; the run goes on and leaves "
+            "it behind at the end if it stays stuck (every step stays in stats.jsonl)",
         ]
         assert [r["step"] for r in _jsonl(tmp_path / "stats.jsonl")] == [1, 2]
+    finally:
+        Hanging.release.set()
+
+
+def test_a_sink_that_hangs_at_the_end_costs_one_line_there(tmp_path):
+    lines: list[str] = []
+    Hanging.release.clear()
+    stats = RunStats({"slow": Hanging}, _run(tmp_path), options={}, history=[], timeout=0.3, report=lines.append)
+    start = time.monotonic()
+    stats.log_scalars(1, {"reward/mean": 0.1})
+    stats.close()
+    try:
+        assert time.monotonic() - start < 2
+        assert lines == ["stats sink 'slow' did not finish within 0.3s (stuck in log_scalars at step 1); left behind"]
     finally:
         Hanging.release.set()
 
