@@ -1,5 +1,6 @@
-"""The swanlab sink in SwanLab's offline mode, read back with SwanLab's own record reader: every
-step once with the values logged (after a resume too), the samples' texts, one run id."""
+"""The swanlab sink in SwanLab's local mode, read back with SwanLab's own record reader: every step
+once with the values logged (after a resume too), the samples' texts, one run id. (Offline mode,
+which writes the same files, runs in tests/test_trackers_e2e.py through SWANLAB_MODE.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from areal_stats_swanlab.sink import row_text  # noqa: E402
 
 from areal_core.testing import drive_sink, sink_test_rows  # noqa: E402
 
-OPTIONS = {"mode": "offline"}
+OPTIONS = {"mode": "local"}
 
 
 def _records(log_dir):
@@ -29,7 +30,7 @@ def _records(log_dir):
             yield path.parent, record
 
 
-def test_offline_run_reads_back_and_a_resume_continues_it_without_repeating_steps(tmp_path, monkeypatch):
+def test_local_run_reads_back_and_a_resume_continues_it_without_repeating_steps(tmp_path, monkeypatch):
     monkeypatch.delenv("SWANLAB_MODE", raising=False)
     rows = sink_test_rows()
     assert drive_sink("swanlab", tmp_path, range(0, 5), options=OPTIONS, samples=rows) == []
