@@ -96,10 +96,16 @@ class StatsSink(ABC):
         return None
 
 
-def check_sink_options(config: Any, name: str, allowed: Mapping[str, type | tuple[type, ...]]) -> None:
+def check_sink_options(
+    config: Any,
+    name: str,
+    allowed: Mapping[str, type | tuple[type, ...]],
+    choices: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """For a sink plugin's ``areal_configure``: where ``stats.sinks`` lists ``name``, every key of
-    the config's ``plugins.<name>`` section is one of ``allowed`` and of its type; else a
-    :class:`~areal_core.api.errors.ConfigError` naming the key and what is accepted."""
+    the config's ``plugins.<name>`` section is one of ``allowed`` and of its type, and one of
+    ``choices[key]`` where given; else a :class:`~areal_core.api.errors.ConfigError` naming the key
+    and what is accepted."""
     from areal_core.api.errors import ConfigError
 
     if name not in config.stats.sinks:
@@ -115,3 +121,5 @@ def check_sink_options(config: Any, name: str, allowed: Mapping[str, type | tupl
             kinds = allowed[key] if isinstance(allowed[key], tuple) else (allowed[key],)
             expected = " or ".join(kind.__name__ for kind in kinds)
             raise ConfigError(f"plugins.{name}.{key}", f"expected {expected}, got {value!r}")
+        if choices and key in choices and value not in choices[key]:
+            raise ConfigError(f"plugins.{name}.{key}", f"expected one of {', '.join(choices[key])}, got {value!r}")

@@ -15,9 +15,6 @@ def areal_register_stats_sinks(register):
 
 @hookimpl
 def areal_configure(config):
-    from areal_core.api import ConfigError, check_sink_options
+    from areal_core.api import check_sink_options
 
-    check_sink_options(config, "wandb", OPTIONS)
-    mode = (config.plugins.get("wandb") or {}).get("mode")
-    if "wandb" in config.stats.sinks and mode not in (None, "online", "offline", "disabled"):
-        raise ConfigError("plugins.wandb.mode", f"expected online, offline or disabled, got {mode!r}")
+    check_sink_options(config, "wandb", OPTIONS, {"mode": ("online", "offline", "disabled")})

@@ -49,7 +49,7 @@ def test_unknown_option_and_bad_mode_are_config_errors():
     for override, message in [
         ("plugins.wandb={projct: x}", "plugins.wandb.projct: unknown option of the wandb sink (options: project, "
                                       "entity, name, group, tags, mode)"),
-        ("plugins.wandb={mode: cloud}", "plugins.wandb.mode: expected online, offline or disabled, got 'cloud'"),
+        ("plugins.wandb={mode: cloud}", "plugins.wandb.mode: expected one of online, offline, disabled, got 'cloud'"),
         ("plugins.wandb={tags: ci}", "plugins.wandb.tags: expected list, got 'ci'"),
     ]:  # fmt: skip
         config = load_config(None, ["stats.sinks=[jsonl, wandb]", override])
