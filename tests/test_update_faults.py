@@ -50,6 +50,7 @@ from areal_core.testing import (
     greedy_request,
     perturbed_model,
     save_tokenizer_without_eos,
+    wait_for,
 )
 from areal_core.tiny_model import ensure_tiny_model
 from areal_core.api.trajectory import Trajectory
@@ -393,11 +394,13 @@ def perturbed_model_like(model: Any, seed: int) -> Any:
 
 def second_server_signalled(r: Rig, name: str, send: Callable[[int, int], None], sig: int, version: int) -> None:
     """``send(pid, sig)`` to server 1 mid-bucket: the update finishes on server 0, and server 1 is
-    gone for good (dead, or found hung and stopped)."""
+    gone for good (dead, or found hung and stopped). Whoever finds it lost (the commit, an episode,
+    the fleet's health check) first takes it out of the fleet, then stops its process: SIGTERM,
+    which a stopped process cannot act on, and SIGKILL 5 s later; that may still be under way."""
     victim = r.handle(1)
     outcome = run_fault(r, name, lambda: send(victim.pid, sig), version)
     assert outcome == "finished on the survivor" and len(r.engine.addresses) == 1
-    assert not victim.alive()
+    wait_for(lambda: not victim.alive(), "the lost server's process to be stopped", timeout=30)
 
 
 @pytest.mark.slow
