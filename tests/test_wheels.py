@@ -17,12 +17,12 @@ import venv
 from pathlib import Path
 
 import pytest
-from dists import REPO, VERSION, built_names
+from dists import REPO, VERSION, built_names, plugin_dirs
 
 pytestmark = pytest.mark.slow
 
 REWARD_EXAMPLE = REPO / "examples" / "plugins" / "areal-reward-example"
-PLUGIN_ENTRY_POINTS = {"engine_sglang", "engine_vllm", "platform_cuda", "platform_npu", "reshard_disk", "reshard_xccl"}
+PLUGIN_ENTRY_POINTS = {d.name for d in plugin_dirs()}  # each plugins/<name> registers entry point <name>
 TORCH = "torch==2.13.0"
 #: What a build needs from the checkout: the projects, and examples/ (targets of areal_core/examples/ links).
 SOURCES = ["pyproject.toml", "README.md", "areal_core", "plugins", "examples"]
