@@ -148,6 +148,61 @@ class LoraConfig:
     )
 
 
+CorrectionName = Literal["tis", "mis", "icepop", "m2po"]
+#: The corrections that decide the importance weight itself; a run lists at most one of them.
+WEIGHT_CORRECTIONS = ("tis", "mis", "icepop")
+
+
+@frozen
+class TISConfig:
+    """Truncated importance sampling: the weight is ``min(rho, cap)`` (Yao et al. 2025; verl's default 2)."""
+
+    level: Literal["token", "sequence"] = "token"
+    cap: float = attrs.field(default=2.0, validator=_gt(1))
+    sequence_ratio: Literal["product", "geometric"] = "product"  # rho of a sequence at level sequence
+
+
+@frozen
+class MISConfig:
+    """Masked importance sampling: weight ``rho``, 0 outside ``[lower, upper]`` (Liu, Li et al. 2025: C = 2)."""
+
+    level: Literal["token", "sequence"] = "token"
+    upper: float = attrs.field(default=2.0, validator=_gt(1))
+    lower: float | None = attrs.field(default=None, validator=[_gt(0), _lt(1)])  # None: no lower bound
+    sequence_ratio: Literal["product", "geometric"] = "geometric"
+
+
+@frozen
+class IcePopConfig:
+    """IcePop: token-level masking with a two-sided band (Ring-1T, Ling Team 2025: [0.5, 5])."""
+
+    lower: float = attrs.field(default=0.5, validator=[_gt(0), _lt(1)])
+    upper: float = attrs.field(default=5.0, validator=_gt(1))
+
+
+@frozen
+class M2POConfig:
+    """M2PO: mask the tokens with the largest ``(log rho)^2`` until the rest's mean is <= threshold
+    (Zheng et al. 2025: 0.04)."""
+
+    threshold: float = attrs.field(default=0.04, validator=_gt(0))
+
+
+@frozen
+class OffPolicyConfig:
+    """How the trainer/engine ratio ``rho = exp(prox - old)`` of each loss token is corrected
+    (docs/algorithms.md). ``corrections`` lists the ones applied: at most one of tis/mis/icepop
+    (they set the weight), plus m2po (a mask) with any of them; [] keeps ``rho`` as it is."""
+
+    corrections: list[CorrectionName] = attrs.Factory(lambda: ["icepop"])
+    tis: TISConfig = attrs.Factory(TISConfig)
+    mis: MISConfig = attrs.Factory(MISConfig)
+    icepop: IcePopConfig = attrs.Factory(IcePopConfig)
+    m2po: M2POConfig = attrs.Factory(M2POConfig)
+    # train/mismatch/out_of_band_frac counts loss tokens whose rho is outside [1/band, band]
+    mismatch_band: float = attrs.field(default=2.0, validator=_gt(1))
+
+
 @frozen
 class ActorConfig:
     algorithm: str = "grpo"
@@ -162,8 +217,7 @@ class ActorConfig:
     max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
     eps_clip: float = attrs.field(default=0.2, validator=_gt(0))
     eps_clip_higher: float | None = attrs.field(default=None, validator=_gt(0))
-    behav_imp_weight_cap: float | None = attrs.field(default=5.0, validator=_gt(1))
-    behav_imp_weight_mode: Literal["cap", "mask"] = "mask"
+    offpolicy: OffPolicyConfig = attrs.Factory(OffPolicyConfig)  # corrections of the behaviour weight
     kl_coef: float = attrs.field(default=0.0, validator=_ge(0))
     adv_norm: Literal["group", "batch", "none"] = "group"
     std_norm: bool = True
@@ -363,6 +417,14 @@ def _structure(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"config type {tp!r} at {key} is not supported")  # a bug in this module
 
 
+#: Keys that older configs may still carry, and what took their place.
+REPLACED_KEYS = {
+    "actor.behav_imp_weight_cap": "use actor.offpolicy: corrections [mis] with mis.upper=CAP masks, [tis] with "
+    "tis.cap=CAP truncates (docs/algorithms.md)",
+    "actor.behav_imp_weight_mode": "use actor.offpolicy.corrections: [mis] masks, [tis] truncates (docs/algorithms.md)",
+}
+
+
 def _structure_attrs(value: Any, cls: type, key: str) -> Any:
     if value is None:
         value = {}
@@ -372,9 +434,12 @@ def _structure_attrs(value: Any, cls: type, key: str) -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for name in value:
         if name not in fields:
+            dotted = _join(key, str(name))
+            if dotted in REPLACED_KEYS:
+                raise ConfigError(dotted, f"was replaced: {REPLACED_KEYS[dotted]}")
             near = difflib.get_close_matches(str(name), fields, n=1)
             hint = f"; did you mean {_join(key, near[0])!r}?" if near else ""
-            raise ConfigError(_join(key, str(name)), f"unknown key{hint}")
+            raise ConfigError(dotted, f"unknown key{hint}")
     kwargs = {name: _structure(v, hints[name], _join(key, name)) for name, v in value.items()}
     try:
         return cls(**kwargs)
@@ -499,6 +564,7 @@ def check_config(config: Config) -> None:
             f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
             "clip-higher must be >= eps_clip",
         )
+    _check_offpolicy(config.actor.offpolicy)
     _check_cluster(config)
     _check_cpus(config)
     _check_model_path_value(config.model.path)
@@ -513,6 +579,19 @@ def check_config(config: Config) -> None:
         value = getattr(config, key)
         if not value or "/" in value or value.startswith("."):
             raise ConfigError(key, f"{value!r} must be a plain directory name")
+
+
+def _check_offpolicy(offpolicy: OffPolicyConfig) -> None:
+    names = offpolicy.corrections
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError("actor.offpolicy.corrections", f"{names}: {repeated[0]} is listed twice; list it once")
+    weights = [n for n in names if n in WEIGHT_CORRECTIONS]
+    if len(weights) > 1:
+        raise ConfigError(
+            "actor.offpolicy.corrections",
+            f"{names}: {' and '.join(weights)} each set the importance weight; keep one (m2po combines with any)",
+        )
 
 
 def _check_cpus(config: Config) -> None:

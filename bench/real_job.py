@@ -12,9 +12,11 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "smollm2" / "config.yaml"
 
 
-def run_job(fileroot: Path, experiment: str, trial: str, overrides: list[str]) -> tuple[Path, float]:
-    """``areal run CONFIG`` with ``overrides``; its run directory and the wall clock it was launched at."""
-    cmd = ["areal", "run", str(CONFIG), f"fileroot={fileroot}", f"experiment_name={experiment}",
+def run_job(
+    fileroot: Path, experiment: str, trial: str, overrides: list[str], config: Path = CONFIG
+) -> tuple[Path, float]:
+    """``areal run config`` with ``overrides``; its run directory and the wall clock it was launched at."""
+    cmd = ["areal", "run", str(config), f"fileroot={fileroot}", f"experiment_name={experiment}",
            f"trial_name={trial}", "stats.progress=false", *overrides]  # fmt: skip
     launched = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

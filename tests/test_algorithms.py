@@ -16,13 +16,14 @@ from areal_core.builtin.algorithms.ppo import ReinforcePlusPlus, PPO
 from areal_core.builtin.algorithms.gspo import GSPO
 from areal_core.builtin.algorithms.grpo import DrGRPO, GRPO, DAPO
 from areal_core.builtin.algorithms import ALGORITHMS
-from areal_core.config import ActorConfig, load_config
+from areal_core.config import ActorConfig, MISConfig, OffPolicyConfig, TISConfig, load_config
 from areal_core.api.errors import ConfigError
 from areal_core.plugins import load_plugins
 
 ALL = [GRPO, PPO, DrGRPO, DAPO, RLOO, GSPO, ReinforcePlusPlus]
 TOKEN_MEAN = [GRPO, PPO, DAPO, RLOO, ReinforcePlusPlus]
 FEW = settings(max_examples=25, deadline=None)
+NO_CORRECTION = OffPolicyConfig(corrections=[])
 
 
 def actor(**overrides) -> ActorConfig:
@@ -186,18 +187,23 @@ def test_drgrpo_divides_by_the_generation_budget():
 
 
 @pytest.mark.parametrize(
-    ("mode", "cap", "weights"),
-    [("mask", 5.0, [0.0, math.exp(0.2)]), ("cap", 5.0, [5.0, math.exp(0.2)]), ("mask", None, [6.0, math.exp(0.2)])],
+    ("offpolicy", "weights"),
+    [
+        (OffPolicyConfig(corrections=["mis"], mis=MISConfig(upper=5.0)), [0.0, math.exp(0.2)]),
+        (OffPolicyConfig(corrections=["tis"], tis=TISConfig(cap=5.0)), [5.0, math.exp(0.2)]),
+        (NO_CORRECTION, [6.0, math.exp(0.2)]),
+    ],
 )
-def test_behaviour_weight_cap_by_hand(mode, cap, weights):
+def test_behaviour_weight_cap_by_hand(offpolicy, weights):
     # ratio 1 (new = prox), A = 1: per-token loss is -w
     prox = [-2.0 + math.log(6.0), -1.0]
     logprobs, inp = batch(old=[-2.0, -1.2], prox=prox, new=prox, adv=[1.0, 1.0])
-    algo = GRPO(actor(behav_imp_weight_cap=cap, behav_imp_weight_mode=mode))
+    algo = GRPO(actor(offpolicy=offpolicy))
     loss, grad, stats = loss_and_grad(algo, logprobs, inp)
     assert loss == pytest.approx(-sum(weights) / 2, rel=1e-5)
     assert grad.tolist() == pytest.approx([-w / 2 for w in weights], rel=1e-5)
-    assert stats["masked_frac"] == (0.0 if cap is None else 0.5)
+    assert stats["masked_frac"] == (0.5 if offpolicy.corrections == ["mis"] else 0.0)
+    assert stats["truncated_frac"] == (0.5 if offpolicy.corrections == ["tis"] else 0.0)
     assert stats["imp_weight_max"] == pytest.approx(6.0, rel=1e-5)
 
 
@@ -304,14 +310,14 @@ def test_ratio_one_loss_is_minus_mean_advantage(data):
     mask = inp.loss_mask
     adv = inp.advantages
     for cls in TOKEN_MEAN:
-        loss = cls(actor(behav_imp_weight_cap=None)).loss(logprobs, inp)[0]
+        loss = cls(actor(offpolicy=NO_CORRECTION)).loss(logprobs, inp)[0]
         assert loss.item() == pytest.approx(-adv[mask].mean().item(), abs=1e-5)
     per_seq = [adv[mask & (inp.seq_ids == s)].mean().item() for s in range(inp.n_seqs)]
-    assert GSPO(actor(behav_imp_weight_cap=None)).loss(logprobs, inp)[0].item() == pytest.approx(
+    assert GSPO(actor(offpolicy=NO_CORRECTION)).loss(logprobs, inp)[0].item() == pytest.approx(
         -sum(per_seq) / inp.n_seqs, abs=1e-5
     )
     budget = inp.n_seqs * inp.max_new_tokens
-    assert DrGRPO(actor(behav_imp_weight_cap=None)).loss(logprobs, inp)[0].item() == pytest.approx(
+    assert DrGRPO(actor(offpolicy=NO_CORRECTION)).loss(logprobs, inp)[0].item() == pytest.approx(
         -adv[mask].sum().item() / budget, abs=1e-5
     )
 
@@ -326,7 +332,7 @@ SUBNORMAL_ADVANTAGE = dict(  # once made clip_frac 0: both surrogates underflowe
 @given(data=flat_batches(), cls=st.sampled_from([GRPO, DAPO, PPO]))
 @example(data=SUBNORMAL_ADVANTAGE, cls=GRPO)
 def test_clipped_tokens_get_no_gradient(data, cls):
-    algo = cls(actor(behav_imp_weight_cap=None))
+    algo = cls(actor(offpolicy=NO_CORRECTION))
     low, high = algo.clip_range()
     logprobs, inp = batch(**{**data, "ref": None})
     _, grad, stats = loss_and_grad(algo, logprobs, inp)
@@ -345,7 +351,7 @@ def test_clipped_tokens_get_no_gradient(data, cls):
 @given(log_ratio=st.floats(-2, 2), adv=st.floats(-3, 3).filter(lambda a: abs(a) > 1e-3), cls=st.sampled_from(ALL))
 def test_effective_ratio_stays_within_the_clip_bound(log_ratio, adv, cls):
     # one token: loss = -min(r A, clip(r) A), so -loss / A is min(r, clip r) for A > 0, max for A < 0
-    algo = cls(actor(behav_imp_weight_cap=None))
+    algo = cls(actor(offpolicy=NO_CORRECTION))
     low, high = algo.clip_range()
     logprobs, inp = batch(old=[-1.0], new=[-1.0 + log_ratio], adv=[adv], max_new_tokens=1)
     effective = -algo.loss(logprobs, inp)[0].item() / adv
@@ -359,9 +365,10 @@ def test_effective_ratio_stays_within_the_clip_bound(log_ratio, adv, cls):
 @given(
     data=flat_batches(),
     junk=st.lists(st.floats(-50, 50, width=32), min_size=5, max_size=5),
-    mode=st.sampled_from(["cap", "mask"]),
+    corrections=st.sampled_from([[], ["tis"], ["mis"], ["icepop", "m2po"]]),
+    level=st.sampled_from(["token", "sequence"]),
 )
-def test_masked_positions_never_contribute(data, junk, mode):
+def test_masked_positions_never_contribute(data, junk, corrections, level):
     masked = [i for i, m in enumerate(data["mask"]) if not m]
     changed = {key: list(data[key]) for key in ("old", "prox", "new", "adv", "ref")}
     for i in masked:
@@ -369,7 +376,8 @@ def test_masked_positions_never_contribute(data, junk, mode):
             changed[key][i] = junk[j]
     changed["seq_ids"] = [0 if i in masked else s for i, s in enumerate(data["seq_ids"])]
     for cls in ALL:
-        algo = cls(actor(kl_coef=0.05, behav_imp_weight_mode=mode))
+        offpolicy = OffPolicyConfig(corrections=corrections, tis=TISConfig(level=level), mis=MISConfig(level=level))
+        algo = cls(actor(kl_coef=0.05, offpolicy=offpolicy))
         loss_a, grad_a, stats_a = loss_and_grad(algo, *batch(**data))
         loss_b, grad_b, stats_b = loss_and_grad(algo, *batch(**{**data, **changed}))
         assert loss_a == loss_b and torch.equal(grad_a, grad_b) and stats_a == stats_b

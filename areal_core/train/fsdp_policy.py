@@ -27,6 +27,7 @@ from areal_core.api import lora
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
+from areal_core.train.logprob_gap import gap_stats
 from areal_core.train.packing import PackedBatch, first_fit_decreasing, pack, pack_per_token
 from areal_core.train.safetensors_file import write_safetensors
 
@@ -68,6 +69,12 @@ class _StepStats:
     maxima: dict[str, float] = attrs.Factory(dict)
     minima: dict[str, float] = attrs.Factory(dict)
     totals: dict[str, float] = attrs.Factory(dict)
+    gaps: list[torch.Tensor] = attrs.Factory(list)  # prox - old of each loss token (logprob_gap.py)
+    fresh: list[torch.Tensor] = attrs.Factory(list)  # bool: sampled by the weights the trainer holds
+
+    def add_gaps(self, gaps: torch.Tensor, fresh: torch.Tensor) -> None:
+        self.gaps.append(gaps.detach().float().cpu())
+        self.fresh.append(fresh.cpu())
 
     def add_mean(self, key: str, value: float, weight: float) -> None:
         self.weighted[key] = self.weighted.get(key, 0.0) + value * weight
@@ -98,8 +105,8 @@ class _StepStats:
         self.totals[key] = self.totals.get(key, 0.0) + value
 
     @staticmethod
-    def merge(parts: list[_StepStats]) -> dict[str, float]:
-        """Combine every rank's accumulators into flat stats."""
+    def merge(parts: list[_StepStats], mismatch_band: float) -> dict[str, float]:
+        """Combine every rank's accumulators into flat stats (``mismatch/*`` from the gaps)."""
         weighted, weights = _sum_dicts(p.weighted for p in parts), _sum_dicts(p.weights for p in parts)
         out = {k: weighted[k] / weights[k] for k in weighted if weights[k] > 0}
         for p in parts:
@@ -108,6 +115,9 @@ class _StepStats:
             for k, v in p.minima.items():
                 out[k] = min(out.get(k, math.inf), v)
         out.update(_sum_dicts(p.totals for p in parts))
+        gaps = [g for p in parts for g in p.gaps]
+        if gaps:
+            out.update(gap_stats(torch.cat(gaps), torch.cat([f for p in parts for f in p.fresh]), mismatch_band))
         return out
 
 
@@ -315,7 +325,7 @@ class FSDPPolicy:
         self.step += 1
         gathered: list[_StepStats | None] = [None] * self.world_size
         dist.all_gather_object(gathered, stats)
-        out = _StepStats.merge(gathered)
+        out = _StepStats.merge(gathered, self.config.actor.offpolicy.mismatch_band)
         out["loss"] = out.pop("loss_share", 0.0) / len(minibatches)  # the objective, not a token mean
         out["grad_norm"] = sum(norm for norm, _, _ in steps) / len(steps)
         out["skipped_updates"] = float(sum(not math.isfinite(norm) for norm, _, _ in steps))
@@ -418,6 +428,8 @@ class FSDPPolicy:
             stats.add_extremes("ratio", torch.exp(logprobs.detach() - anchor)[mask])
             if prox is not None:
                 stats.add_extremes("behav_imp_weight", torch.exp(prox - old)[mask])
+                versions = pack_per_token([t.versions for t in trajs], batch, torch.long).to(dev)
+                stats.add_gaps((prox - old)[mask], (versions == self.step)[mask])
         stats.add_total("loss_share", float(loss.detach()))
         return loss
 

@@ -51,8 +51,7 @@ class ClippedPolicyGradient(Algorithm):
         return PPOLossOptions(
             eps_low=eps_low,
             eps_high=eps_high,
-            imp_weight_cap=self.config.behav_imp_weight_cap,
-            imp_weight_mode=self.config.behav_imp_weight_mode,
+            offpolicy=self.config.offpolicy,
             kl_coef=self.config.kl_coef,
             ratio_level=self.ratio_level,
             reduction=self.reduction,

@@ -3,7 +3,7 @@
 Three policies: behaviour (``old_logprobs``, what generated the tokens), proximal
 (``prox_logprobs``, the trust-region anchor) and current (``logprobs``). Per loss token::
 
-    w = exp(prox - old)            capped at imp_weight_cap ("cap": clamp, "mask": drop the token)
+    w = exp(prox - old)            as changed by actor.offpolicy's corrections (offpolicy.py)
     r = exp(new - prox)            or GSPO's per-sequence exp(mean over the sequence of new - prox)
     loss_t = -w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3(new, ref)
 
@@ -20,6 +20,8 @@ import attrs
 import torch
 
 from areal_core.api.algorithm import LossInput
+from areal_core.builtin.algorithms.offpolicy import BehaviourWeights, behaviour_weights
+from areal_core.config import OffPolicyConfig
 
 #: ``token_mean``: sum over loss tokens / ``token_normalizer``;
 #: ``token_sum_budget``: sum / (``seq_normalizer`` * ``max_new_tokens``) (Dr.GRPO);
@@ -34,8 +36,7 @@ class PPOLossOptions:
 
     eps_low: float = 0.2
     eps_high: float = 0.2
-    imp_weight_cap: float | None = 5.0
-    imp_weight_mode: Literal["cap", "mask"] = "mask"
+    offpolicy: OffPolicyConfig = attrs.Factory(OffPolicyConfig)
     kl_coef: float = 0.0
     ratio_level: RatioLevel = "token"
     reduction: Reduction = "token_mean"
@@ -52,15 +53,6 @@ class MaskedInputs:
     mask: torch.Tensor
     seq_ids: torch.Tensor
     ref: torch.Tensor | None
-
-
-@attrs.frozen
-class BehaviourWeights:
-    """Importance weights proximal/behaviour: ``raw`` as measured, ``applied`` after the cap."""
-
-    raw: torch.Tensor
-    applied: torch.Tensor
-    over_cap: torch.Tensor  # bool, loss tokens whose raw weight exceeds the cap
 
 
 def mask_inputs(logprobs: torch.Tensor, batch: LossInput) -> MaskedInputs:
@@ -82,14 +74,9 @@ def mask_inputs(logprobs: torch.Tensor, batch: LossInput) -> MaskedInputs:
     )
 
 
-def behaviour_weights(inputs: MaskedInputs, cap: float | None, mode: Literal["cap", "mask"]) -> BehaviourWeights:
-    """``exp(prox - old)``, clamped at ``cap`` or zeroed above it; ``cap=None`` leaves it as is."""
-    raw = torch.exp(inputs.prox - inputs.old)
-    if cap is None:
-        return BehaviourWeights(raw, raw, torch.zeros_like(inputs.mask))
-    over = (raw > cap) & inputs.mask
-    applied = raw.clamp(max=cap) if mode == "cap" else torch.where(over, 0.0, raw)
-    return BehaviourWeights(raw, applied, over)
+def corrected_weights(inputs: MaskedInputs, n_seqs: int, options: PPOLossOptions) -> BehaviourWeights:
+    """The behaviour weights of ``inputs`` after ``options.offpolicy``'s corrections."""
+    return behaviour_weights(inputs.old, inputs.prox, inputs.mask, inputs.seq_ids, n_seqs, options.offpolicy)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -150,7 +137,8 @@ def finish_loss(
     named = {
         "clip_frac": terms.clipped,
         "imp_weight_mean": weights.raw,
-        "masked_frac": weights.over_cap,
+        "masked_frac": weights.masked,
+        "truncated_frac": weights.truncated,
         "ratio_mean": terms.ratio,
         "approx_kl": k3_kl(inputs.logprobs, inputs.prox),
     }
@@ -171,7 +159,7 @@ def decoupled_ppo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss share and stats (means over this micro-batch's loss tokens) of the decoupled objective."""
     inputs = mask_inputs(logprobs, batch)
-    weights = behaviour_weights(inputs, options.imp_weight_cap, options.imp_weight_mode)
+    weights = corrected_weights(inputs, batch.n_seqs, options)
     ratio = policy_ratio(inputs, batch.n_seqs, options.ratio_level)
     surrogate = ratio * inputs.advantages
     clipped_surrogate = ratio.clamp(1 - options.eps_low, 1 + options.eps_high) * inputs.advantages

@@ -7,7 +7,7 @@ high-ratio tokens (often the "forking" tokens of a reasoning chain) then stop le
     loss_t = -sg(w * min(r, 1 + eps_high)) * A * log pi(t)        r = exp(new - prox)
 
 with GRPO's group-relative advantages and token-level normalisation. There is no lower bound on
-the ratio. ``w`` is areal-core's behaviour importance weight (decoupled PPO), capped as configured.
+the ratio. ``w`` is areal-core's behaviour importance weight (decoupled PPO) after ``actor.offpolicy``'s corrections.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from areal_core.api.algorithm import LossInput
 from areal_core.builtin.algorithms.grpo import GRPO
-from areal_core.builtin.algorithms.ppo_loss import PolicyTerms, behaviour_weights, finish_loss, mask_inputs, policy_ratio
+from areal_core.builtin.algorithms.ppo_loss import PolicyTerms, corrected_weights, finish_loss, mask_inputs, policy_ratio
 
 
 class CISPO(GRPO):
@@ -34,7 +34,7 @@ class CISPO(GRPO):
     def loss(self, logprobs: torch.Tensor, batch: LossInput) -> tuple[torch.Tensor, dict[str, float]]:
         options = self.loss_options
         inputs = mask_inputs(logprobs, batch)
-        weights = behaviour_weights(inputs, options.imp_weight_cap, options.imp_weight_mode)
+        weights = corrected_weights(inputs, batch.n_seqs, options)
         ratio = policy_ratio(inputs, batch.n_seqs, "token")
         truncated = ratio.clamp(max=1 + options.eps_high)
         per_token = -(weights.applied * truncated).detach() * inputs.advantages * inputs.logprobs
