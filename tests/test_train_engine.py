@@ -168,7 +168,29 @@ def test_update_stats(process_group, model_path):
     assert stats["n_seqs"] == 8 and stats["n_loss_tokens"] == sum(t.n_output_tokens for t in trajs)
     # first minibatch is exactly on-policy: prox == behaviour (up to fp noise)
     assert stats["behav_imp_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["mismatch/fresh_frac"] == 1.0 and stats["mismatch/abs_max"] < 1e-4  # versions 0 = the engine's
     assert 0 < stats["entropy"] <= math.log(engine.model.lm.config.vocab_size) + 1e-4
+
+
+def test_mismatch_stats_tell_fresh_tokens_from_stale_ones(process_group, model_path):
+    """After one update the engine holds version 1: tokens tagged 1 are fresh; those tagged 0 are
+    stale, and their behaviour log-probs (shifted by -0.3 here) are what the gap measures."""
+    engine = make_engine(model_path)
+    engine.ppo_update(*make_batch(engine, seed=1))
+    trajs, adv = make_batch(engine)
+    stale = {0, 1, 2}
+    trajs = [
+        attrs.evolve(t, logprobs=[lp - 0.3 * m for lp, m in zip(t.logprobs, t.loss_mask)], versions=[0 if m else -1 for m in t.loss_mask])
+        if i in stale else attrs.evolve(t, versions=[1 if m else -1 for m in t.loss_mask])
+        for i, t in enumerate(trajs)
+    ]  # fmt: skip
+    stats = engine.ppo_update(trajs, adv, recompute_prox=True)
+    stale_share = sum(trajs[i].n_output_tokens for i in stale) / sum(t.n_output_tokens for t in trajs)
+    assert stats["mismatch/fresh_frac"] == pytest.approx(1 - stale_share)
+    assert stats["mismatch/fresh_abs_max"] < 1e-4
+    assert stats["mismatch/abs_max"] == pytest.approx(0.3, abs=1e-4)
+    assert stats["mismatch/kl_k1"] == pytest.approx(-0.3 * stale_share, abs=1e-4)
+    assert stats["mismatch/out_of_band_frac"] == 0.0  # |d| = 0.3 < ln 2
 
 
 @pytest.mark.parametrize("minibatches", [1, 2])

@@ -18,11 +18,11 @@ import pluggy
 
 if TYPE_CHECKING:
     from areal_core.config import (  # noqa: F401
-        ActorConfig, Config, DatasetConfig, GenerationConfig, LoraConfig, from_dict, to_dict,
+        ActorConfig, Config, DatasetConfig, GenerationConfig, LoraConfig, OffPolicyConfig, from_dict, to_dict,
     )
 
 #: The version of this API: the minor grows with additions, the major with breaking changes.
-API_VERSION = "1.3"
+API_VERSION = "1.4"
 
 #: Marks a plugin's hook implementations (the specs are in :mod:`areal_core.hookspecs`).
 hookimpl = pluggy.HookimplMarker("areal")
@@ -38,6 +38,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("ArealError", "ConfigError", "PluginError", "ProcessFailedError"),
     "hub": ("is_hub_id", "snapshot"),
     "lora": ("adapter_parameters", "has_adapter", "peft_config"),
+    "offpolicy": ("BehaviourWeights", "behaviour_weights", "m2po_keep"),
     "http_engine": ("HTTPServerEngine", "Segment", "command_line_flags"),
     "http_json": ("answers_ok", "get_json", "post_json"),
     "platform": ("Platform",),
@@ -62,7 +63,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 #: The config tree a plugin's classes are built with (defined in ``areal_core.config``).
-_CONFIG = ("ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "LoraConfig", "from_dict", "to_dict")
+_CONFIG = (
+    "ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "LoraConfig", "OffPolicyConfig", "from_dict", "to_dict",
+)
 _WHERE = {name: f"{__name__}.{module}" for module, names in _EXPORTS.items() for name in names}
 _WHERE.update({name: "areal_core.config" for name in _CONFIG})
 

@@ -3,7 +3,7 @@
 Three policies: behaviour (``old_logprobs``, what generated the tokens), proximal
 (``prox_logprobs``, the trust-region anchor) and current (``logprobs``). Per loss token::
 
-    w = exp(prox - old)            as changed by actor.offpolicy's corrections (offpolicy.py)
+    w = exp(prox - old)            as changed by actor.offpolicy's corrections (api/offpolicy.py)
     r = exp(new - prox)            or GSPO's per-sequence exp(mean over the sequence of new - prox)
     loss_t = -w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3(new, ref)
 
@@ -20,8 +20,8 @@ import attrs
 import torch
 
 from areal_core.api.algorithm import LossInput
-from areal_core.builtin.algorithms.offpolicy import BehaviourWeights, behaviour_weights
-from areal_core.config import OffPolicyConfig
+from areal_core.api import OffPolicyConfig
+from areal_core.api.offpolicy import BehaviourWeights, behaviour_weights
 
 #: ``token_mean``: sum over loss tokens / ``token_normalizer``;
 #: ``token_sum_budget``: sum / (``seq_normalizer`` * ``max_new_tokens``) (Dr.GRPO);

@@ -1,5 +1,7 @@
 """Off-policy corrections: what the decoupled loss weights each token's policy term with.
 
+Part of the plugin API, so that a plugin's algorithm applies ``actor.offpolicy`` as the built-ins do.
+
 Per loss token, ``d = prox - old`` compares the trainer's recomputed log-prob with the one the
 inference engine sampled the token with (older weights, other numerics), and ``rho = exp(d)`` is
 the importance weight between them. Without corrections the weight is ``rho``. Each correction
