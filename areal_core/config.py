@@ -210,11 +210,13 @@ class ActorConfig:
     weight_chunked_mem_mb: int = attrs.field(default=128, validator=_ge(1))  # xccl bucket (bench/weight_sync.py)
     weight_update_timeout_s: float = attrs.field(default=300.0, validator=_gt(0))  # deadline of each xccl step
     world_size: int = attrs.field(default=1, validator=_ge(1))
+    # Ulysses: each micro-batch split along the sequence over this many ranks (docs/sequence-parallel.md)
+    sequence_parallel: int = attrs.field(default=1, validator=_ge(1))
     threads_per_worker: int = attrs.field(default=1, validator=_ge(1))
     cpus: list[int] = attrs.Factory(list)  # CPU cores every training worker is pinned to; see rollout.cpus
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
     ppo_n_minibatches: int = attrs.field(default=1, validator=_ge(1))
-    max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
+    max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))  # per rank: under SP a micro-batch holds sp x this
     eps_clip: float = attrs.field(default=0.2, validator=_gt(0))
     eps_clip_higher: float | None = attrs.field(default=None, validator=_gt(0))
     offpolicy: OffPolicyConfig = attrs.Factory(OffPolicyConfig)  # corrections of the behaviour weight
@@ -565,6 +567,7 @@ def check_config(config: Config) -> None:
             "clip-higher must be >= eps_clip",
         )
     _check_offpolicy(config.actor.offpolicy)
+    _check_sequence_parallel(config)
     _check_cluster(config)
     _check_cpus(config)
     _check_model_path_value(config.model.path)
@@ -592,6 +595,29 @@ def _check_offpolicy(offpolicy: OffPolicyConfig) -> None:
             "actor.offpolicy.corrections",
             f"{names}: {' and '.join(weights)} each set the importance weight; keep one (m2po combines with any)",
         )
+
+
+def sequence_parallel_problem(heads: int, kv_heads: int, sp: int) -> str | None:
+    """Why a model with ``heads`` query and ``kv_heads`` key/value heads cannot run at SP size
+    ``sp`` (None: it can). Query heads split over the SP ranks; kv heads split too, or, when there
+    are fewer of them than ranks, are repeated to one per rank."""
+    if heads % sp:
+        return f"{sp} does not divide the model's {heads} attention heads; use a divisor of {heads}"
+    if kv_heads % sp and sp % kv_heads:
+        return f"{sp} and the model's {kv_heads} kv heads do not divide one another; use a divisor or multiple of {kv_heads}"
+    return None
+
+
+def _check_sequence_parallel(config: Config) -> None:
+    sp, world = config.actor.sequence_parallel, config.actor.world_size
+    if world % sp:
+        raise ConfigError(
+            "actor.sequence_parallel", f"{sp} does not divide actor.world_size={world}; world_size = data x sequence parallel"
+        )
+    if sp > 1 and not config.model.path:  # the tiny model's heads are known now; a model directory's at preflight
+        problem = sequence_parallel_problem(config.model.tiny.num_heads, config.model.tiny.num_kv_heads, sp)
+        if problem:
+            raise ConfigError("actor.sequence_parallel", problem)
 
 
 def _check_cpus(config: Config) -> None:

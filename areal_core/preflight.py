@@ -6,12 +6,13 @@ broken dataset is one :class:`ConfigError` line naming the key, and nothing is w
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from areal_core.config import Config, DatasetConfig
+from areal_core.config import Config, DatasetConfig, sequence_parallel_problem
 from areal_core.api.dataset import dataset_key
 from areal_core.dataset_loading import load_dataset
 from areal_core.api.errors import ConfigError
@@ -86,8 +87,23 @@ def hub_notes(config: Config) -> list[str]:
     ]
 
 
+def check_sequence_parallel(config: Config) -> None:
+    """``actor.sequence_parallel`` against a model directory's heads (the tiny model's are checked
+    with the config; a hub id's or a source's when the trainer loads the model)."""
+    path, sp = config.model.path, config.actor.sequence_parallel
+    if sp == 1 or not path or not (Path(path) / "config.json").is_file():
+        return
+    model = json.loads((Path(path) / "config.json").read_text())
+    heads = model.get("num_attention_heads")
+    if isinstance(heads, int):
+        problem = sequence_parallel_problem(heads, model.get("num_key_value_heads") or heads, sp)
+        if problem:
+            raise ConfigError("actor.sequence_parallel", problem)
+
+
 def preflight(config: Config, plugins: Plugins, *, fetch: bool = True) -> dict[str, list[dict[str, Any]]]:
     """Every check above; returns the datasets' items (see :func:`datasets`)."""
     check_model_path(config.model.path, Path(config.fileroot) / "models")
+    check_sequence_parallel(config)
     check_fileroot(config.fileroot)
     return datasets(config, plugins, fetch=fetch)

@@ -24,11 +24,15 @@ from torch import nn
 
 from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.api import lora
+from areal_core.config import sequence_parallel_problem
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
 from areal_core.train.logprob_gap import gap_stats
-from areal_core.train.packing import PackedBatch, first_fit_decreasing, pack, pack_per_token
+from areal_core.train.packing import PackedBatch, first_fit_decreasing, pack, pack_in_one_row, pack_per_token
+from areal_core.train.sequence_parallel import (
+    ATTENTION, SPGroup, new_sp_group, register_attention, sharded_token_logprobs,
+)
 from areal_core.train.safetensors_file import write_safetensors
 
 if TYPE_CHECKING:
@@ -48,16 +52,18 @@ class _PolicyRoot(nn.Module):
     """The root FSDP unit: its forward is the whole log-prob computation, so embedding, final
     norm and (tied) head stay gathered for exactly as long as they are used."""
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: nn.Module, sp: SPGroup | None) -> None:
         super().__init__()
         self.lm = lm
+        self.sp = sp
 
     def forward(
         self, batch: PackedBatch, temperature: float, chunk_size: int, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return packed_token_logprobs(
-            self.lm, batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
-        )
+        options = {"temperature": temperature, "chunk_size": chunk_size, "with_entropy": with_entropy}
+        if self.sp is not None:
+            return sharded_token_logprobs(self.lm, batch, self.sp, **options)
+        return packed_token_logprobs(self.lm, batch, **options)
 
 
 @attrs.define
@@ -170,6 +176,7 @@ class FSDPPolicy:
         self._owns_process_group = False
         self._channel: WeightChannel | None = None  # the engine's weight channel, once opened
         self._saved_buffers: frozenset[str] | None = None  # buffers the state_dict keeps (see _weights_out)
+        self.sp: SPGroup | None = None  # this rank's sequence-parallel group (actor.sequence_parallel > 1)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self) -> None:
@@ -187,6 +194,8 @@ class FSDPPolicy:
             self._owns_process_group = True
         self.device = self.platform.device(index)
         self.mesh = init_device_mesh(self.platform.device_type, (dist.get_world_size(),))
+        sp = self.config.actor.sequence_parallel
+        self.sp = new_sp_group(sp) if sp > 1 else None
         torch.manual_seed(self.config.seed)
         self.model = self._build_model(trainable=True)
         if self.algorithm.needs_ref and not self.uses_lora:
@@ -207,6 +216,8 @@ class FSDPPolicy:
         from transformers import AutoModelForCausalLM
 
         lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        if self.sp is not None:
+            self._use_ulysses_attention(lm)
         if trainable and self.config.model.gradient_checkpointing:
             enable_activation_checkpointing(lm)
         lm.train(trainable)
@@ -216,7 +227,7 @@ class FSDPPolicy:
         compute = getattr(torch, self.config.model.dtype)
         # fp32 master weights and gradient reduction; compute in model.dtype
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-        root = _PolicyRoot(lm)
+        root = _PolicyRoot(lm, self.sp)
         # Resharding after forward frees (1 - 1/world) of each layer's gathered weights until the
         # backward re-gathers them; on one rank it frees nothing worth the extra gather (~5% CPU).
         reshard = dist.get_world_size() > 1
@@ -230,9 +241,30 @@ class FSDPPolicy:
                 module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
         return root
 
+    def _use_ulysses_attention(self, lm: nn.Module) -> None:
+        heads = lm.config.num_attention_heads
+        problem = sequence_parallel_problem(heads, getattr(lm.config, "num_key_value_heads", None) or heads, self.sp.size)
+        if problem:
+            raise ValueError(f"actor.sequence_parallel: {problem}")
+        register_attention()
+        lm.set_attn_implementation(ATTENTION)
+
     @property
     def rank(self) -> int:
         return dist.get_rank()
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that take different sequences: the world over the sequence-parallel size."""
+        return self.world_size // self.sp.size if self.sp is not None else self.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.sp.size if self.sp is not None else self.rank
+
+    def _pack(self, sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBatch:
+        """Rows of at most the longest sequence's width; with SP one row, split over the SP ranks."""
+        return pack_in_one_row(sequences, indices, self.sp.size) if self.sp is not None else pack(sequences, indices)
 
     @property
     def world_size(self) -> int:
@@ -259,13 +291,15 @@ class FSDPPolicy:
 
     def _micro_batches(self, lengths: Sequence[int], mine: list[int]) -> tuple[list[list[int]], int]:
         """FFD bins (global indices) of this rank's sequences, and the bin count every rank runs."""
-        bins = first_fit_decreasing([lengths[i] for i in mine], self.config.actor.max_tokens_per_mb)
+        # max_tokens_per_mb is what one rank runs: under SP a micro-batch is split over sp ranks
+        budget = self.config.actor.max_tokens_per_mb * (self.sp.size if self.sp is not None else 1)
+        bins = first_fit_decreasing([lengths[i] for i in mine], budget)
         count = torch.tensor([len(bins)], dtype=torch.long, device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return [[mine[j] for j in b] for b in bins], int(count)
 
     def _my_share(self, lengths: Sequence[int], positions: Sequence[int]) -> list[int]:
-        share = token_balanced_shares([lengths[i] for i in positions], self.world_size)[self.rank]
+        share = token_balanced_shares([lengths[i] for i in positions], self.dp_size)[self.dp_rank]
         return [positions[j] for j in share]
 
     # ------------------------------------------------------------------ public API
@@ -276,7 +310,7 @@ class FSDPPolicy:
         bins, n_micro = self._micro_batches(lengths, self._my_share(lengths, range(len(sequences))))
         mine: dict[int, list[float]] = {}
         for k in range(n_micro):
-            batch = pack(sequences, bins[k]) if k < len(bins) else pack([_DUMMY_SEQUENCE], [0])
+            batch = self._pack(sequences, bins[k]) if k < len(bins) else self._pack([_DUMMY_SEQUENCE], [0])
             logp, _ = self._logprobs(self.model, batch, with_entropy=False)
             if k < len(bins):
                 for i, values in zip(batch.indices, logp.float().cpu().split(batch.seq_lens)):
@@ -356,6 +390,7 @@ class FSDPPolicy:
         local = [sum(trajs[i].n_output_tokens for i in mine), len(mine)]
         norms = torch.tensor(local, dtype=torch.float64, device=self.device)
         dist.all_reduce(norms)
+        norms /= self.world_size // self.dp_size  # an SP group's ranks all count the same sequences
         token_norm, seq_norm = max(1.0, float(norms[0])), max(1.0, float(norms[1]))
         bins, n_micro = self._micro_batches(lengths, mine)
         self.optimizer.zero_grad(set_to_none=True)
@@ -395,7 +430,7 @@ class FSDPPolicy:
         """``fused_prox``: no update has happened yet this step, so this forward's detached
         log-probs are the proximal ones."""
         seqs = [t.input_ids for t in trajs]
-        batch = pack(seqs, indices)
+        batch = self._pack(seqs, indices)
         dev = self.device
         mask = pack_per_token([t.loss_mask for t in trajs], batch, torch.bool).to(dev)
         old = pack_per_token([t.logprobs for t in trajs], batch, torch.float32).to(dev)
@@ -419,6 +454,8 @@ class FSDPPolicy:
             entropy=entropy.detach(),
         )
         loss, algo_stats = self.algorithm.loss(logprobs, loss_input)
+        if self.sp is not None and self.sp.rank > 0:  # the group's first rank reports what all of it computed
+            stats = _StepStats()
         n_loss = float(mask.sum())
         stats.add_algorithm_stats(algo_stats, n_loss)
         with torch.no_grad():
@@ -435,7 +472,7 @@ class FSDPPolicy:
 
     def _padding_loss(self) -> torch.Tensor:
         """A zero loss over a dummy sequence (and a matching reference forward)."""
-        batch = pack([_DUMMY_SEQUENCE], [0])
+        batch = self._pack([_DUMMY_SEQUENCE], [0])
         self._ref_logprobs(batch)
         logprobs, _ = self._logprobs(self.model, batch, with_entropy=False)
         return logprobs.sum() * 0.0

@@ -65,21 +65,24 @@ def packed_token_logprobs(
     from areal_core.train.packing import packed_hidden_states
 
     hidden = packed_hidden_states(model, batch)
-    weight = _unsharded_head_weight(model)
+    weight = unsharded_head_weight(model)
     ids = batch.flat_ids
     # hidden[t] predicts ids[t + 1]; rows that cross a sequence boundary are masked to 0 below
     logp, entropy = token_logprobs(
         hidden[:-1], weight, ids[1:], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
     )
-    starts = batch.seq_starts
-    zero = logp.new_zeros(1)
-    logp = torch.where(starts, 0.0, torch.cat([zero, logp]))
-    if entropy is not None:
-        entropy = torch.where(starts, 0.0, torch.cat([zero, entropy]))
-    return logp, entropy
+    return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
 
 
-def _unsharded_head_weight(model: torch.nn.Module) -> torch.Tensor:
+def align_to_tokens(next_token: torch.Tensor | None, batch: PackedBatch) -> torch.Tensor | None:
+    """Values computed at packed position ``t`` for the token ``t + 1`` (``[N - 1]``), moved onto
+    that token (``[N]``), with 0 at each sequence's first token (nothing of its own predicts it)."""
+    if next_token is None:
+        return None
+    return torch.where(batch.seq_starts, 0.0, torch.cat([next_token.new_zeros(1), next_token]))
+
+
+def unsharded_head_weight(model: torch.nn.Module) -> torch.Tensor:
     """The output-embedding weight as a plain tensor that FSDP2 will reduce gradients for.
 
     FSDP2 keeps the root's parameters all-gathered after forward by default, so the head's

@@ -148,6 +148,35 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     return list(flat.split(lengths))
 
 
+def pack_in_one_row(sequences: Sequence[Sequence[int]], indices: Sequence[int], multiple: int) -> PackedBatch:
+    """Pack ``sequences[i] for i in indices`` back to back into one row, padded with one block to
+    a multiple of ``multiple`` tokens (sequence parallelism splits the row into that many slices)."""
+    import torch
+
+    if not indices:
+        raise ValueError("pack_in_one_row needs at least one sequence index; got an empty bin")
+    chosen = [sequences[i] for i in indices]
+    lengths = [len(s) for s in chosen]
+    _check_lengths(lengths, indices)
+    n = sum(lengths)
+    width = -(-n // multiple) * multiple
+    lens = torch.tensor(lengths, dtype=torch.long)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens)
+    ids = torch.zeros(width, dtype=torch.long)
+    ids[:n] = torch.tensor([tok for s in chosen for tok in s], dtype=torch.long)
+    positions = torch.arange(width) - torch.cat([cu[:-1].long()[seq_ids], torch.full((width - n,), n)])
+    return PackedBatch(
+        input_ids=ids.view(1, width),
+        position_ids=positions.view(1, width),
+        tokens=torch.arange(n),
+        cu_seqlens=cu,
+        seq_ids=seq_ids,
+        indices=tuple(int(i) for i in indices),
+    )
+
+
 def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch,
     in packed token order (padding dropped).

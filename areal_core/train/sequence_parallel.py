@@ -1,0 +1,214 @@
+"""Ulysses sequence parallelism (``actor.sequence_parallel``): one packed micro-batch split along
+the sequence over a group of ``sp`` ranks.
+
+Layout: the micro-batch's ``N`` tokens in one row (sequences back to back, position ids restarting
+at 0 for each), padded to a multiple of ``sp`` with one padding block; SP rank ``i`` runs tokens
+``[i * N / sp, (i + 1) * N / sp)`` through every layer. Embedding, norms, MLPs, projections and
+RoPE are per token and need nothing. Attention needs all of a sequence's tokens, so q, k and v go
+through an all-to-all that trades the split over tokens for a split over heads
+(``[H, N / sp] -> [H / sp, N]``); each rank runs causal attention over whole sequences for its
+heads, and a second all-to-all gives every rank its own tokens back with all heads. Per layer and
+rank that moves ``(2 * H + 2 * max(H_kv, sp)) * head_dim * N / sp * (sp - 1) / sp`` values each way
+(q, k, v in, the output back), which is what SP costs; activations and logits per rank shrink ``sp``
+times (attention over a sequence still sees all of it, for ``H / sp`` heads).
+
+Models with fewer kv heads than ``sp`` (GQA/MQA) have each kv head repeated ``sp / H_kv`` times
+before the all-to-all, as verl and AReaL do; ``H`` and ``H_kv`` (or ``sp``) must divide:
+:func:`areal_core.config.sequence_parallel_problem` says why not, one line.
+
+Each SP rank computes the log-probs of its tokens and all-gathers them, so every rank of the group
+holds the whole micro-batch's log-probs and computes the same loss; the gather's backward keeps
+each rank's own slice of the gradient, so its parameters get its tokens' share and FSDP's sum over
+ranks adds the shares up to the full gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from areal_core.train.packing import PackedBatch
+
+#: The transformers attention implementation that the policy runs with under SP.
+ATTENTION = "areal_ulysses"
+
+
+@attrs.frozen
+class SPGroup:
+    """This rank's sequence-parallel group: ``size`` consecutive ranks, this one at ``rank``."""
+
+    group: Any  # a torch.distributed ProcessGroup
+    rank: int
+    size: int
+
+
+def new_sp_group(sp: int) -> SPGroup:
+    """Split the world into groups of ``sp`` consecutive ranks (collective: every rank calls it)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = None
+    for start in range(0, world, sp):
+        group = dist.new_group(list(range(start, start + sp)))
+        if start <= rank < start + sp:
+            mine = group
+    return SPGroup(group=mine, rank=rank % sp, size=sp)
+
+
+@attrs.frozen
+class _Shard:
+    group: SPGroup
+    segments: list[tuple[int, int]]  # [start, end) of each sequence (and the padding block) in the row
+
+
+_current: list[_Shard] = []  # the shard the running forward belongs to (set by :func:`sharded`)
+
+
+@contextlib.contextmanager
+def sharded(group: SPGroup, segments: list[tuple[int, int]]) -> Iterator[None]:
+    """Run the model's attention over ``segments`` of the whole row (see :func:`ulysses_attention`)."""
+    _current.append(_Shard(group, segments))
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+class _AllToAll(torch.autograd.Function):
+    """Split ``x`` into ``size`` chunks along ``scatter_dim``, send chunk ``j`` to rank ``j`` and
+    concatenate what arrives along ``gather_dim``; the backward is the opposite exchange."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: SPGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
+        return _exchange(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        scatter_dim, gather_dim = ctx.dims
+        return _exchange(grad, ctx.group, gather_dim, scatter_dim), None, None, None
+
+
+def _exchange(x: torch.Tensor, group: SPGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    chunks = [c.contiguous() for c in x.chunk(group.size, dim=scatter_dim)]
+    received = [torch.empty_like(c) for c in chunks]
+    dist.all_to_all(received, chunks, group=group.group)
+    return torch.cat(received, dim=gather_dim)
+
+
+def ulysses_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **_: Any,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """A transformers attention function (``[1, heads, tokens of this rank, head_dim]`` in,
+    ``[1, tokens of this rank, heads, head_dim]`` out) for the shard set by :func:`sharded`."""
+    if not _current:
+        raise RuntimeError(f"attention {ATTENTION!r} runs only inside sequence_parallel.sharded(...)")
+    shard = _current[-1]
+    group = shard.group
+    if key.shape[1] < group.size:  # GQA/MQA: every rank needs a kv head of its own
+        repeat = group.size // key.shape[1]
+        key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    q, k, v = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))  # [1, H / sp, N, d]
+    out = torch.cat(
+        [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
+            for a, b in shard.segments
+        ],
+        dim=2,
+    )  # fmt: skip
+    return _AllToAll.apply(out, group, 2, 1).transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*_: Any, **__: Any) -> None:
+    """Masks are the segments of :func:`sharded`; transformers need not build one."""
+    return None
+
+
+def register_attention() -> None:
+    """Make :data:`ATTENTION` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, ulysses_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+class _GatherTokens(torch.autograd.Function):
+    """All-gather each rank's ``[n]`` values into ``[size * n]``; the backward keeps this rank's
+    slice (every rank of the group computes the same loss from the gathered values)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: SPGroup) -> torch.Tensor:
+        ctx.group, ctx.n = group, local.shape[0]
+        parts = [torch.empty_like(local) for _ in range(group.size)]
+        dist.all_gather(parts, local.contiguous(), group=group.group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        start = ctx.group.rank * ctx.n
+        return grad[start : start + ctx.n].contiguous(), None
+
+
+def gather_tokens(local: torch.Tensor, group: SPGroup) -> torch.Tensor:
+    return _GatherTokens.apply(local, group)
+
+
+def row_segments(batch: PackedBatch) -> list[tuple[int, int]]:
+    """``[start, end)`` of each sequence of a one-row batch, and of its padding block if any."""
+    bounds = batch.cu_seqlens.tolist()
+    segments = list(zip(bounds[:-1], bounds[1:]))
+    width = batch.input_ids.shape[1]
+    return segments + [(bounds[-1], width)] if bounds[-1] < width else segments
+
+
+def local_slice(batch: PackedBatch, group: SPGroup) -> slice:
+    """The columns of a one-row batch that this SP rank runs."""
+    width = batch.input_ids.shape[1]
+    if batch.input_ids.shape[0] != 1 or width % group.size:
+        raise ValueError(f"need one row padded to a multiple of {group.size} tokens; got {tuple(batch.input_ids.shape)}")
+    n = width // group.size
+    return slice(group.rank * n, (group.rank + 1) * n)
+
+
+def padded_width(n_tokens: int, sp: int) -> int:
+    return math.ceil(n_tokens / sp) * sp
+
+
+def sharded_token_logprobs(
+    model: torch.nn.Module, batch: PackedBatch, group: SPGroup, *, temperature: float, chunk_size: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """:func:`areal_core.train.logprobs.packed_token_logprobs` of a one-row ``batch`` (see
+    :func:`areal_core.train.packing.pack_in_one_row`), this rank running its slice of the row."""
+    from areal_core.train.logprobs import align_to_tokens, token_logprobs, unsharded_head_weight
+    from areal_core.train.packing import packed_hidden_states
+
+    columns = local_slice(batch, group)
+    n_local = columns.stop - columns.start
+    local = attrs.evolve(
+        batch,
+        input_ids=batch.input_ids[:, columns],
+        position_ids=batch.position_ids[:, columns],
+        tokens=torch.arange(n_local, device=batch.tokens.device),
+    )
+    with sharded(group, row_segments(batch)):
+        hidden = packed_hidden_states(model, local)
+    row = batch.input_ids[0]
+    labels = torch.cat([row[1:], row.new_zeros(1)])[columns]  # the token each position predicts
+    logp, entropy = token_logprobs(
+        hidden, unsharded_head_weight(model), labels, temperature=temperature, chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )  # fmt: skip
+    n = batch.n_tokens
+    logp = gather_tokens(logp, group)[: n - 1]
+    entropy = gather_tokens(entropy, group)[: n - 1] if entropy is not None else None
+    return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
