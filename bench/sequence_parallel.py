@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism: memory per rank and step time for one long sequence, sp=1 vs sp=2.
 
-    python bench/sequence_parallel.py [--lengths 2048,4096,8192,16384,32768] [--budget-mb 512]
+    python bench/sequence_parallel.py [--lengths 2048,4096,8192,16384,32768] [--budget-mb 768]
         [--hidden 512] [--layers 4] [--repeats 1]
 
 One run trains one sequence of each length (a train step of the framework's own ``FSDPPolicy``:
@@ -9,8 +9,9 @@ the fused proximal pass, the loss, the backward and AdamW) at ``sp=1`` (one rank
 locally (``--hidden``, ``--layers``; 8 heads, 4 kv heads, a character vocabulary). Each rank runs
 one thread.
 
-Memory is the step's peak resident memory over what the process held before it (the kernel's
-peak counter is reset first: ``/proc/self/clear_refs``), the largest over the ranks: activations,
+Memory is the step's peak resident memory over what the process held before it (freed heap is
+returned first with ``malloc_trim`` and the kernel's peak counter reset: ``/proc/self/clear_refs``),
+the largest over the ranks: activations,
 gradients and what the step allocates, not the weights and optimizer state held across steps. A
 setting stops at the first length whose step goes over ``--budget-mb``. The table prints both
 settings per length, the ratio sp=2 / sp=1 of memory and of step time, and the longest length each
@@ -20,6 +21,7 @@ setting fits under the budget. With ``--repeats N`` each figure is min/median/ma
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -37,6 +39,7 @@ from areal_core.process_memory import peak_rss_bytes, rss_bytes
 from areal_core.tiny_model import ensure_tiny_model
 
 CORPUS = ["0123456789+-=? abcdefghijklmnopqrstuvwxyz"]
+_LIBC = ctypes.CDLL("libc.so.6")
 
 
 def measure(engine, length: int, repeats: int) -> tuple[list[float], list[float]]:
@@ -48,6 +51,7 @@ def measure(engine, length: int, repeats: int) -> tuple[list[float], list[float]
     pid = os.getpid()
     for _ in range(repeats):
         dist.barrier()
+        _LIBC.malloc_trim(0)  # give freed heap back, so what the last step left cached does not count as held
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         before = rss_bytes(pid)
         start = time.perf_counter()
@@ -103,7 +107,7 @@ def run(world: int, model_path: str, lengths: list[int], budget_mb: float, repea
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096,8192,16384,32768")
-    parser.add_argument("--budget-mb", type=float, default=512.0)
+    parser.add_argument("--budget-mb", type=float, default=768.0)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
