@@ -216,7 +216,8 @@ class ActorConfig:
     cpus: list[int] = attrs.Factory(list)  # CPU cores every training worker is pinned to; see rollout.cpus
     optimizer: OptimizerConfig = attrs.Factory(OptimizerConfig)
     ppo_n_minibatches: int = attrs.field(default=1, validator=_ge(1))
-    max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))  # per rank: under SP a micro-batch holds sp x this
+    # tokens one rank runs per micro-batch: under SP a micro-batch holds sequence_parallel x this
+    max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
     eps_clip: float = attrs.field(default=0.2, validator=_gt(0))
     eps_clip_higher: float | None = attrs.field(default=None, validator=_gt(0))
     offpolicy: OffPolicyConfig = attrs.Factory(OffPolicyConfig)  # corrections of the behaviour weight
@@ -604,7 +605,9 @@ def sequence_parallel_problem(heads: int, kv_heads: int, sp: int) -> str | None:
     if heads % sp:
         return f"{sp} does not divide the model's {heads} attention heads; use a divisor of {heads}"
     if kv_heads % sp and sp % kv_heads:
-        return f"{sp} and the model's {kv_heads} kv heads do not divide one another; use a divisor or multiple of {kv_heads}"
+        return (
+            f"{sp} and the model's {kv_heads} kv heads do not divide one another; use a divisor or multiple of {kv_heads}"
+        )
     return None
 
 
@@ -612,7 +615,8 @@ def _check_sequence_parallel(config: Config) -> None:
     sp, world = config.actor.sequence_parallel, config.actor.world_size
     if world % sp:
         raise ConfigError(
-            "actor.sequence_parallel", f"{sp} does not divide actor.world_size={world}; world_size = data x sequence parallel"
+            "actor.sequence_parallel",
+            f"{sp} does not divide actor.world_size={world}; world_size = data x sequence parallel",
         )
     if sp > 1 and not config.model.path:  # the tiny model's heads are known now; a model directory's at preflight
         problem = sequence_parallel_problem(config.model.tiny.num_heads, config.model.tiny.num_kv_heads, sp)

@@ -64,7 +64,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 #: The config tree a plugin's classes are built with (defined in ``areal_core.config``).
 _CONFIG = (
-    "ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "LoraConfig", "OffPolicyConfig", "from_dict", "to_dict",
+    "ActorConfig", "Config", "DatasetConfig", "GenerationConfig", "LoraConfig", "OffPolicyConfig", "from_dict",
+    "to_dict",
 )
 _WHERE = {name: f"{__name__}.{module}" for module, names in _EXPORTS.items() for name in names}
 _WHERE.update({name: "areal_core.config" for name in _CONFIG})

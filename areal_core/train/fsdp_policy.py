@@ -243,7 +243,8 @@ class FSDPPolicy:
 
     def _use_ulysses_attention(self, lm: nn.Module) -> None:
         heads = lm.config.num_attention_heads
-        problem = sequence_parallel_problem(heads, getattr(lm.config, "num_key_value_heads", None) or heads, self.sp.size)
+        kv_heads = getattr(lm.config, "num_key_value_heads", None) or heads
+        problem = sequence_parallel_problem(heads, kv_heads, self.sp.size)
         if problem:
             raise ValueError(f"actor.sequence_parallel: {problem}")
         register_attention()

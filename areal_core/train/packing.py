@@ -177,9 +177,10 @@ def pack_in_one_row(sequences: Sequence[Sequence[int]], indices: Sequence[int], 
     )
 
 
-def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_kwargs: object) -> torch.Tensor:
     """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch,
-    in packed token order (padding dropped).
+    in packed token order (padding dropped). ``forward_kwargs`` go to the model's forward (and
+    from there to its attention calls).
 
     Masking: transformers' own packed-sequence path. With ``attention_mask=None``, no cache and
     position ids that restart at 0, ``create_causal_mask`` detects the sequence boundaries in each
@@ -207,6 +208,7 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch) -> torch.Te
             attention_mask=None,
             use_cache=False,
             logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
+            **forward_kwargs,
         )
     finally:
         handle.remove()

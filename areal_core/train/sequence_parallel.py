@@ -24,9 +24,7 @@ ranks adds the shares up to the full gradient.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -59,23 +57,18 @@ def new_sp_group(sp: int) -> SPGroup:
     return SPGroup(group=mine, rank=rank % sp, size=sp)
 
 
+#: The model-forward keyword that carries a :class:`Shard` down to :func:`ulysses_attention`
+#: (transformers hands a forward's extra keywords to every attention call, recomputed ones included).
+SHARD_KWARG = "areal_sp_shard"
+
+
 @attrs.frozen
-class _Shard:
+class Shard:
+    """What one SP forward's attention needs: the group, and ``[start, end)`` of each sequence (and
+    of the padding block) in the whole row."""
+
     group: SPGroup
-    segments: list[tuple[int, int]]  # [start, end) of each sequence (and the padding block) in the row
-
-
-_current: list[_Shard] = []  # the shard the running forward belongs to (set by :func:`sharded`)
-
-
-@contextlib.contextmanager
-def sharded(group: SPGroup, segments: list[tuple[int, int]]) -> Iterator[None]:
-    """Run the model's attention over ``segments`` of the whole row (see :func:`ulysses_attention`)."""
-    _current.append(_Shard(group, segments))
-    try:
-        yield
-    finally:
-        _current.pop()
+    segments: list[tuple[int, int]]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -94,41 +87,47 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _exchange(x: torch.Tensor, group: SPGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
-    chunks = [c.contiguous() for c in x.chunk(group.size, dim=scatter_dim)]
-    received = [torch.empty_like(c) for c in chunks]
-    dist.all_to_all(received, chunks, group=group.group)
-    return torch.cat(received, dim=gather_dim)
+    """One ``all_to_all_single`` over ``[size, ...]``: part ``j`` of ``scatter_dim`` goes to rank ``j``."""
+    parts = x.unflatten(scatter_dim, (group.size, -1)).movedim(scatter_dim, 0).contiguous()
+    received = torch.empty_like(parts)
+    dist.all_to_all_single(received, parts, group=group.group)
+    return received.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)  # rank j's part j-th along gather_dim
 
 
 def ulysses_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **_: Any,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+    sliding_window: int | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:  # fmt: skip
     """A transformers attention function (``[1, heads, tokens of this rank, head_dim]`` in,
-    ``[1, tokens of this rank, heads, head_dim]`` out) for the shard set by :func:`sharded`."""
-    if not _current:
-        raise RuntimeError(f"attention {ATTENTION!r} runs only inside sequence_parallel.sharded(...)")
-    shard = _current[-1]
+    ``[1, tokens of this rank, heads, head_dim]`` out) for the :class:`Shard` passed as
+    :data:`SHARD_KWARG` to the model's forward."""
+    shard = kwargs.get(SHARD_KWARG)
+    if shard is None:
+        raise RuntimeError(f"attention {ATTENTION!r} needs the model forward's {SHARD_KWARG}= keyword")
+    if sliding_window is not None:
+        raise ValueError(
+            f"actor.sequence_parallel: {type(module).__name__} attends within a sliding window of {sliding_window} "
+            "tokens, which sequence parallelism does not implement; set actor.sequence_parallel=1"
+        )
     group = shard.group
     if key.shape[1] < group.size:  # GQA/MQA: every rank needs a kv head of its own
         repeat = group.size // key.shape[1]
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
     q, k, v = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))  # [1, H / sp, N, d]
-    out = torch.cat(
-        [
-            torch.nn.functional.scaled_dot_product_attention(
-                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling,
-                enable_gqa=q.shape[1] != k.shape[1],
-            )
-            for a, b in shard.segments
-        ],
-        dim=2,
-    )  # fmt: skip
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        for a, b in shard.segments
+    ]  # fmt: skip
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return _AllToAll.apply(out, group, 2, 1).transpose(1, 2).contiguous(), None
 
 
 def _no_mask(*_: Any, **__: Any) -> None:
-    """Masks are the segments of :func:`sharded`; transformers need not build one."""
+    """Masks are the segments of the forward's :class:`Shard`; transformers need not build one."""
     return None
 
 
@@ -200,8 +199,7 @@ def sharded_token_logprobs(
         position_ids=batch.position_ids[:, columns],
         tokens=torch.arange(n_local, device=batch.tokens.device),
     )
-    with sharded(group, row_segments(batch)):
-        hidden = packed_hidden_states(model, local)
+    hidden = packed_hidden_states(model, local, **{SHARD_KWARG: Shard(group, row_segments(batch))})
     row = batch.input_ids[0]
     labels = torch.cat([row[1:], row.new_zeros(1)])[columns]  # the token each position predicts
     logp, entropy = token_logprobs(
