@@ -16,7 +16,9 @@ from areal_core.config import TinyModelSpec
 from areal_core.tiny_model import build_tiny_qwen3
 from areal_core.train.fsdp_policy import enable_activation_checkpointing
 from areal_core.train.logprobs import packed_token_logprobs
-from areal_core.train.packing import first_fit_decreasing, pack, pack_per_token, packed_hidden_states, unpack
+from areal_core.train.packing import (
+    first_fit_decreasing, pack, pack_in_one_row, pack_per_token, packed_hidden_states, unpack,
+)
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB = 53
@@ -90,6 +92,27 @@ def test_pack_unpack_round_trip(seqs, data):
     side = [[float(i) + t / 100 for t in range(len(s))] for i, s in enumerate(seqs)]
     packed_side = pack_per_token(side, batch, torch.float64)
     assert [t.tolist() for t in unpack(packed_side, batch.cu_seqlens)] == [side[i] for i in indices]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=sequences_st, data=st.data(), multiple=st.integers(1, 5))
+def test_one_row_packing_for_sequence_parallelism(seqs, data, multiple):
+    indices = data.draw(st.permutations(range(len(seqs))))[: data.draw(st.integers(1, len(seqs)))]
+    batch = pack_in_one_row(seqs, indices, multiple)
+    n = sum(len(seqs[i]) for i in indices)
+    width = batch.input_ids.shape[1]
+    assert batch.input_ids.shape == batch.position_ids.shape == (1, width)
+    assert width % multiple == 0 and n <= width < n + multiple  # the least padding that divides
+    assert batch.tokens.tolist() == list(range(n)) and batch.indices == tuple(indices)
+    assert [t.tolist() for t in unpack(batch.flat_ids, batch.cu_seqlens)] == [seqs[i] for i in indices]
+    positions = unpack(batch.position_ids[0, :n], batch.cu_seqlens)
+    assert all(pos.tolist() == list(range(len(pos))) for pos in positions)
+    assert batch.position_ids[0, n:].tolist() == list(range(width - n))  # one padding block
+    assert (batch.input_ids[0, n:] == 0).all()
+    side = [[float(i) + t / 100 for t in range(len(s))] for i, s in enumerate(seqs)]
+    assert [t.tolist() for t in unpack(pack_per_token(side, batch, torch.float64), batch.cu_seqlens)] == [
+        side[i] for i in indices
+    ]
 
 
 def test_pack_rejects_mismatched_side_data_and_empty_input():

@@ -96,11 +96,7 @@ def pack(sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBa
     """Pack ``sequences[i] for i in indices`` (in that order) into rows as wide as the longest."""
     import torch
 
-    if not indices:
-        raise ValueError("pack needs at least one sequence index; got an empty bin")
-    chosen = [sequences[i] for i in indices]
-    lengths = [len(s) for s in chosen]
-    _check_lengths(lengths, indices)
+    chosen, lengths = _chosen(sequences, indices, "pack")
     width = max(lengths)
     rows = first_fit_decreasing(lengths, width)
     starts = [0] * len(lengths)  # flat offset of each sequence's first token
@@ -109,10 +105,7 @@ def pack(sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBa
         for k in row:
             starts[k] = r * width + used[r]
             used[r] += lengths[k]
-    lens = torch.tensor(lengths, dtype=torch.long)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = lens.cumsum(0)
-    seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens)
+    cu, seq_ids = _boundaries(lengths)
     positions = torch.arange(int(cu[-1])) - cu[:-1].long()[seq_ids]
     tokens = torch.tensor(starts, dtype=torch.long)[seq_ids] + positions
     ids = torch.zeros(len(rows) * width, dtype=torch.long)
@@ -148,22 +141,37 @@ def unpack(flat: torch.Tensor, cu_seqlens: torch.Tensor) -> list[torch.Tensor]:
     return list(flat.split(lengths))
 
 
+def _chosen(
+    sequences: Sequence[Sequence[int]], indices: Sequence[int], caller: str
+) -> tuple[list[Sequence[int]], list[int]]:
+    """``sequences[i] for i in indices`` and their lengths (each >= 1; at least one index)."""
+    if not indices:
+        raise ValueError(f"{caller} needs at least one sequence index; got an empty bin")
+    chosen = [sequences[i] for i in indices]
+    lengths = [len(s) for s in chosen]
+    _check_lengths(lengths, indices)
+    return chosen, lengths
+
+
+def _boundaries(lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cu_seqlens`` (int32, ``[n + 1]``) and each packed token's sequence index (long)."""
+    import torch
+
+    lens = torch.tensor(lengths, dtype=torch.long)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    return cu, torch.repeat_interleave(torch.arange(len(lengths)), lens)
+
+
 def pack_in_one_row(sequences: Sequence[Sequence[int]], indices: Sequence[int], multiple: int) -> PackedBatch:
     """Pack ``sequences[i] for i in indices`` back to back into one row, padded with one block to
     a multiple of ``multiple`` tokens (sequence parallelism splits the row into that many slices)."""
     import torch
 
-    if not indices:
-        raise ValueError("pack_in_one_row needs at least one sequence index; got an empty bin")
-    chosen = [sequences[i] for i in indices]
-    lengths = [len(s) for s in chosen]
-    _check_lengths(lengths, indices)
+    chosen, lengths = _chosen(sequences, indices, "pack_in_one_row")
     n = sum(lengths)
     width = -(-n // multiple) * multiple
-    lens = torch.tensor(lengths, dtype=torch.long)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = lens.cumsum(0)
-    seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens)
+    cu, seq_ids = _boundaries(lengths)
     ids = torch.zeros(width, dtype=torch.long)
     ids[:n] = torch.tensor([tok for s in chosen for tok in s], dtype=torch.long)
     positions = torch.arange(width) - torch.cat([cu[:-1].long()[seq_ids], torch.full((width - n,), n)])
