@@ -9,8 +9,8 @@ through an all-to-all that trades the split over tokens for a split over heads
 (``[H, N / sp] -> [H / sp, N]``); each rank runs causal attention over whole sequences for its
 heads, and a second all-to-all gives every rank its own tokens back with all heads. Per layer and
 rank that moves ``(2 * H + 2 * max(H_kv, sp)) * head_dim * N / sp * (sp - 1) / sp`` values each way
-(q, k, v in, the output back), which is what SP costs; activations and logits per rank shrink ``sp``
-times (attention over a sequence still sees all of it, for ``H / sp`` heads).
+(q, k, v in, the output back), which is what SP costs; activations and logits, per token, are
+split over the ``sp`` ranks (attention over a sequence still sees all of it, for ``H / sp`` heads).
 
 Models with fewer kv heads than ``sp`` (GQA/MQA) have each kv head repeated ``sp / H_kv`` times
 before the all-to-all, as verl and AReaL do; ``H`` and ``H_kv`` (or ``sp``) must divide:
@@ -24,7 +24,6 @@ ranks adds the shares up to the full gradient.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
@@ -173,13 +172,10 @@ def local_slice(batch: PackedBatch, group: SPGroup) -> slice:
     """The columns of a one-row batch that this SP rank runs."""
     width = batch.input_ids.shape[1]
     if batch.input_ids.shape[0] != 1 or width % group.size:
-        raise ValueError(f"need one row padded to a multiple of {group.size} tokens; got {tuple(batch.input_ids.shape)}")
+        shape = tuple(batch.input_ids.shape)
+        raise ValueError(f"need one row padded to a multiple of {group.size} tokens; got {shape}")
     n = width // group.size
     return slice(group.rank * n, (group.rank + 1) * n)
-
-
-def padded_width(n_tokens: int, sp: int) -> int:
-    return math.ceil(n_tokens / sp) * sp
 
 
 def sharded_token_logprobs(
