@@ -70,27 +70,53 @@ class Shard:
     segments: list[tuple[int, int]]
 
 
-class _AllToAll(torch.autograd.Function):
-    """Split ``x`` into ``size`` chunks along ``scatter_dim``, send chunk ``j`` to rank ``j`` and
-    concatenate what arrives along ``gather_dim``; the backward is the opposite exchange."""
+class _HeadsToTokens(torch.autograd.Function):
+    """``[1, H, S, d]`` (this rank's ``S`` tokens, all heads) -> ``[1, H / sp, sp * S, d]`` (every
+    rank's tokens, this rank's heads); the backward is :class:`_TokensToHeads`' exchange."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: SPGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
-        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
-        return _exchange(x, group, scatter_dim, gather_dim)
+    def forward(ctx: Any, x: torch.Tensor, group: SPGroup) -> torch.Tensor:
+        ctx.group = group
+        return _heads_to_tokens(x, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        scatter_dim, gather_dim = ctx.dims
-        return _exchange(grad, ctx.group, gather_dim, scatter_dim), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _tokens_to_heads(grad, ctx.group), None
 
 
-def _exchange(x: torch.Tensor, group: SPGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
-    """One ``all_to_all_single`` over ``[size, ...]``: part ``j`` of ``scatter_dim`` goes to rank ``j``."""
-    parts = x.unflatten(scatter_dim, (group.size, -1)).movedim(scatter_dim, 0).contiguous()
-    received = torch.empty_like(parts)
-    dist.all_to_all_single(received, parts, group=group.group)
-    return received.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)  # rank j's part j-th along gather_dim
+class _TokensToHeads(torch.autograd.Function):
+    """The inverse of :class:`_HeadsToTokens`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: SPGroup) -> torch.Tensor:
+        ctx.group = group
+        return _tokens_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _heads_to_tokens(grad, ctx.group), None
+
+
+# Both exchanges work in the token-major layout ``[tokens, heads, d]`` that transformers' q/k/v
+# and SDPA's output already have in memory, so each costs one ``all_to_all_single`` and one copy:
+# rank j's slice along the exchanged axis is then a contiguous block.
+
+
+def _heads_to_tokens(x: torch.Tensor, group: SPGroup) -> torch.Tensor:
+    _, heads, tokens, dim = x.shape
+    send = x.transpose(1, 2).reshape(tokens, group.size, heads // group.size, dim).transpose(0, 1).contiguous()
+    received = torch.empty_like(send)  # [rank j, its tokens, my heads, d]
+    dist.all_to_all_single(received, send, group=group.group)
+    return received.view(1, group.size * tokens, heads // group.size, dim).transpose(1, 2)
+
+
+def _tokens_to_heads(x: torch.Tensor, group: SPGroup) -> torch.Tensor:
+    _, heads, tokens, dim = x.shape
+    local = tokens // group.size
+    send = x.transpose(1, 2).reshape(group.size, local, heads, dim).contiguous()  # a view for SDPA's output
+    received = torch.empty_like(send)  # [rank j, my tokens, its heads, d]
+    dist.all_to_all_single(received, send, group=group.group)
+    return received.transpose(0, 1).reshape(1, local, group.size * heads, dim).transpose(1, 2)
 
 
 def ulysses_attention(
@@ -113,7 +139,7 @@ def ulysses_attention(
     if key.shape[1] < group.size:  # GQA/MQA: every rank needs a kv head of its own
         repeat = group.size // key.shape[1]
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
-    q, k, v = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))  # [1, H / sp, N, d]
+    q, k, v = (_HeadsToTokens.apply(t, group) for t in (query, key, value))  # [1, H / sp, N, d]
     outs = [
         torch.nn.functional.scaled_dot_product_attention(
             q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling,
@@ -122,7 +148,7 @@ def ulysses_attention(
         for a, b in shard.segments
     ]  # fmt: skip
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return _AllToAll.apply(out, group, 2, 1).transpose(1, 2).contiguous(), None
+    return _TokensToHeads.apply(out, group).transpose(1, 2), None  # token-major in memory: no copy
 
 
 def _no_mask(*_: Any, **__: Any) -> None:
