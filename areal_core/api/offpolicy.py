@@ -53,12 +53,12 @@ def behaviour_weights(
     for name in offpolicy.corrections:
         if name == "tis":
             tis = offpolicy.tis
-            level_rho = _level_ratio(log_rho, mask, seq_ids, n_seqs, tis.level, tis.sequence_ratio)
+            level_rho = _level_ratio(raw, log_rho, mask, seq_ids, n_seqs, tis.level, tis.sequence_ratio)
             truncated = (level_rho > tis.cap) & mask
             weight = level_rho.clamp(max=tis.cap)
         elif name == "mis":
             mis = offpolicy.mis
-            weight = _level_ratio(log_rho, mask, seq_ids, n_seqs, mis.level, mis.sequence_ratio)
+            weight = _level_ratio(raw, log_rho, mask, seq_ids, n_seqs, mis.level, mis.sequence_ratio)
             keep &= _in_band(weight, mis.lower, mis.upper)
         elif name == "icepop":
             keep &= _in_band(raw, offpolicy.icepop.lower, offpolicy.icepop.upper)
@@ -71,12 +71,12 @@ def behaviour_weights(
 
 
 def _level_ratio(
-    log_rho: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor, n_seqs: int,
+    rho: torch.Tensor, log_rho: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor, n_seqs: int,
     level: Literal["token", "sequence"], sequence_ratio: Literal["product", "geometric"],
 ) -> torch.Tensor:  # fmt: skip
     """``rho`` per token, or each token's sequence ratio (product or geometric mean over loss tokens)."""
     if level == "token":
-        return torch.exp(log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+        return rho
     zeros = torch.zeros(n_seqs, dtype=log_rho.dtype, device=log_rho.device)
     sums = zeros.index_add(0, seq_ids, log_rho)
     if sequence_ratio == "geometric":

@@ -244,7 +244,7 @@ class FSDPPolicy:
     def _use_ulysses_attention(self, lm: nn.Module) -> None:
         heads = lm.config.num_attention_heads
         kv_heads = getattr(lm.config, "num_key_value_heads", None) or heads
-        problem = sequence_parallel_problem(heads, kv_heads, self.sp.size)
+        problem = sequence_parallel_problem(heads, kv_heads, self.sp_size)
         if problem:
             raise ValueError(f"actor.sequence_parallel: {problem}")
         register_attention()
@@ -255,17 +255,22 @@ class FSDPPolicy:
         return dist.get_rank()
 
     @property
+    def sp_size(self) -> int:
+        """Ranks each micro-batch is split over (``actor.sequence_parallel``)."""
+        return self.config.actor.sequence_parallel
+
+    @property
     def dp_size(self) -> int:
         """Ranks that take different sequences: the world over the sequence-parallel size."""
-        return self.world_size // self.sp.size if self.sp is not None else self.world_size
+        return self.world_size // self.sp_size
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.sp.size if self.sp is not None else self.rank
+        return self.rank // self.sp_size
 
     def _pack(self, sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBatch:
         """Rows of at most the longest sequence's width; with SP one row, split over the SP ranks."""
-        return pack_in_one_row(sequences, indices, self.sp.size) if self.sp is not None else pack(sequences, indices)
+        return pack_in_one_row(sequences, indices, self.sp_size) if self.sp is not None else pack(sequences, indices)
 
     @property
     def world_size(self) -> int:
@@ -293,7 +298,7 @@ class FSDPPolicy:
     def _micro_batches(self, lengths: Sequence[int], mine: list[int]) -> tuple[list[list[int]], int]:
         """FFD bins (global indices) of this rank's sequences, and the bin count every rank runs."""
         # max_tokens_per_mb is what one rank runs: under SP a micro-batch is split over sp ranks
-        budget = self.config.actor.max_tokens_per_mb * (self.sp.size if self.sp is not None else 1)
+        budget = self.config.actor.max_tokens_per_mb * self.sp_size
         bins = first_fit_decreasing([lengths[i] for i in mine], budget)
         count = torch.tensor([len(bins)], dtype=torch.long, device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -391,7 +396,7 @@ class FSDPPolicy:
         local = [sum(trajs[i].n_output_tokens for i in mine), len(mine)]
         norms = torch.tensor(local, dtype=torch.float64, device=self.device)
         dist.all_reduce(norms)
-        norms /= self.world_size // self.dp_size  # an SP group's ranks all count the same sequences
+        norms /= self.sp_size  # an SP group's ranks all count the same sequences
         token_norm, seq_norm = max(1.0, float(norms[0])), max(1.0, float(norms[1]))
         bins, n_micro = self._micro_batches(lengths, mine)
         self.optimizer.zero_grad(set_to_none=True)
@@ -456,7 +461,7 @@ class FSDPPolicy:
         )
         loss, algo_stats = self.algorithm.loss(logprobs, loss_input)
         if self.sp is not None and self.sp.rank > 0:  # the group's first rank reports what all of it computed
-            stats = _StepStats()
+            return loss
         n_loss = float(mask.sum())
         stats.add_algorithm_stats(algo_stats, n_loss)
         with torch.no_grad():

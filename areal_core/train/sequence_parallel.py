@@ -70,31 +70,19 @@ class Shard:
     segments: list[tuple[int, int]]
 
 
-class _HeadsToTokens(torch.autograd.Function):
-    """``[1, H, S, d]`` (this rank's ``S`` tokens, all heads) -> ``[1, H / sp, sp * S, d]`` (every
-    rank's tokens, this rank's heads); the backward is :class:`_TokensToHeads`' exchange."""
+class _Exchange(torch.autograd.Function):
+    """``to_tokens``: ``[1, H, S, d]`` (this rank's ``S`` tokens, all heads) -> ``[1, H / sp, sp * S, d]``
+    (every rank's tokens, this rank's heads); else the inverse. The backward is the other one."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: SPGroup) -> torch.Tensor:
-        ctx.group = group
-        return _heads_to_tokens(x, group)
+    def forward(ctx: Any, x: torch.Tensor, group: SPGroup, to_tokens: bool) -> torch.Tensor:
+        ctx.group, ctx.to_tokens = group, to_tokens
+        return _heads_to_tokens(x, group) if to_tokens else _tokens_to_heads(x, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _tokens_to_heads(grad, ctx.group), None
-
-
-class _TokensToHeads(torch.autograd.Function):
-    """The inverse of :class:`_HeadsToTokens`."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: SPGroup) -> torch.Tensor:
-        ctx.group = group
-        return _tokens_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _heads_to_tokens(grad, ctx.group), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        exchange = _tokens_to_heads if ctx.to_tokens else _heads_to_tokens
+        return exchange(grad, ctx.group), None, None
 
 
 # Both exchanges work in the token-major layout ``[tokens, heads, d]`` that transformers' q/k/v
@@ -139,7 +127,7 @@ def ulysses_attention(
     if key.shape[1] < group.size:  # GQA/MQA: every rank needs a kv head of its own
         repeat = group.size // key.shape[1]
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
-    q, k, v = (_HeadsToTokens.apply(t, group) for t in (query, key, value))  # [1, H / sp, N, d]
+    q, k, v = (_Exchange.apply(t, group, True) for t in (query, key, value))  # [1, H / sp, N, d]
     outs = [
         torch.nn.functional.scaled_dot_product_attention(
             q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling,
@@ -148,7 +136,7 @@ def ulysses_attention(
         for a, b in shard.segments
     ]  # fmt: skip
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return _TokensToHeads.apply(out, group).transpose(1, 2), None  # token-major in memory: no copy
+    return _Exchange.apply(out, group, False).transpose(1, 2), None  # token-major in memory: no copy
 
 
 def _no_mask(*_: Any, **__: Any) -> None:
