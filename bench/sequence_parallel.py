@@ -9,26 +9,37 @@ the fused proximal pass, the loss, the backward and AdamW) at ``sp=1`` (one rank
 locally (``--hidden``, ``--layers``; 8 heads, 4 kv heads, a character vocabulary). Each rank runs
 one thread.
 
-Memory is the step's peak resident memory over what the process held before it (freed heap is
-returned first with ``malloc_trim`` and the kernel's peak counter reset: ``/proc/self/clear_refs``),
-the largest over the ranks: activations,
-gradients and what the step allocates, not the weights and optimizer state held across steps. A
-setting stops at the first length whose step goes over ``--budget-mb``. The table prints both
-settings per length, the ratio sp=2 / sp=1 of memory and of step time, and the longest length each
-setting fits under the budget. With ``--repeats N`` each figure is min/median/max of N steps.
+Two memory figures per rank, each the largest over the ranks:
+
+- **activations**: the bytes autograd keeps for the backward (every distinct tensor storage that a
+  ``saved_tensors_hooks`` pack hook sees during the step, views of trainable parameters excluded):
+  what sequence parallelism divides. One sequence per step is one micro-batch, so this is the
+  micro-batch's whole saved state; it does not swing between repeats.
+- **peak**: the step's peak resident memory over what the process held before it (freed heap is
+  returned first with ``malloc_trim`` and the kernel's peak counter reset: ``/proc/self/clear_refs``):
+  activations, gradients, gathered weights and every transient buffer, not the weights and
+  optimizer state held across steps.
+
+A setting stops at the first length whose peak goes over ``--budget-mb``. The table prints both
+settings per length, the ratios sp=2 / sp=1 of activations, peak and step time, and the longest
+length each setting fits under the budget. With ``--repeats N`` peak and time are min/median/max of
+N steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import torch
 
 from spread import spread
@@ -42,8 +53,25 @@ CORPUS = ["0123456789+-=? abcdefghijklmnopqrstuvwxyz"]
 _LIBC = ctypes.CDLL("libc.so.6")
 
 
-def measure(engine, length: int, repeats: int) -> tuple[list[float], list[float]]:
-    """(extra peak MB, seconds) of each of ``repeats`` train steps on one sequence of ``length``."""
+@contextlib.contextmanager
+def saved_activations() -> Iterator[dict[int, int]]:
+    """Within it, ``{storage address: bytes}`` of every tensor autograd saves for the backward,
+    except views of trainable parameters (FSDP's gathered weights, which are not activations)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        if not (base.is_leaf and base.requires_grad):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield storages
+
+
+def measure(engine, length: int, repeats: int) -> tuple[float, list[float], list[float]]:
+    """(activation MB, [extra peak MB], [seconds]) of ``repeats`` train steps on one sequence of ``length``."""
     import torch.distributed as dist
 
     trajs = make_trajs([length], engine.model.lm.config.vocab_size, seed=length)
@@ -58,7 +86,21 @@ def measure(engine, length: int, repeats: int) -> tuple[list[float], list[float]
         engine.ppo_update(trajs, [1.0], recompute_prox=True)
         seconds.append(time.perf_counter() - start)
         megabytes.append((peak_rss_bytes(pid) - before) / 2**20)
-    return megabytes, seconds
+    with saved_activations() as storages:  # one more step: the hook's bookkeeping stays out of the timings
+        engine.ppo_update(trajs, [1.0], recompute_prox=True)
+    return sum(storages.values()) / 2**20, megabytes, seconds
+
+
+@attrs.frozen
+class Row:
+    """One setting at one length: activation MB (the largest over the ranks), peak MB per repeat (of
+    the rank that peaked highest), seconds per repeat (rank 0's; the ranks step in lockstep), and
+    the highest peak."""
+
+    activations: float
+    peaks: list[float]
+    seconds: list[float]
+    peak: float
 
 
 def _worker(rank: int, world: int, store: str, model_path: str, lengths: list[int], budget_mb: float,
@@ -81,11 +123,12 @@ def _worker(rank: int, world: int, store: str, model_path: str, lengths: list[in
         measure(engine, 256, 1)  # warm-up: first-step allocations are not a length's
         rows = {}
         for length in lengths:
-            megabytes, seconds = measure(engine, length, repeats)
-            peaks = [None] * world
-            dist.all_gather_object(peaks, max(megabytes))
-            rows[length] = (megabytes, seconds, max(peaks))
-            if max(peaks) > budget_mb:
+            activations, megabytes, seconds = measure(engine, length, repeats)
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, (activations, megabytes))
+            peak = max(max(peaks) for _, peaks in per_rank)
+            rows[length] = attrs.asdict(Row(max(a for a, _ in per_rank), max((p for _, p in per_rank), key=max), seconds, peak))
+            if peak > budget_mb:
                 break
         if rank == 0:
             torch.save(rows, out)
@@ -101,7 +144,7 @@ def run(world: int, model_path: str, lengths: list[int], budget_mb: float, repea
     out = tmp / f"sp{world}.pt"
     args = (world, str(tmp / f"store{world}"), model_path, lengths, budget_mb, repeats, str(out))
     mp.spawn(_worker, args=args, nprocs=world, join=True)
-    return torch.load(out)
+    return {length: Row(**row) for length, row in torch.load(out).items()}
 
 
 def main() -> int:
@@ -121,20 +164,22 @@ def main() -> int:
         results = {sp: run(sp, model_path, lengths, args.budget_mb, args.repeats, Path(tmp)) for sp in (1, 2)}
     print(f"tiny Qwen3: hidden {args.hidden}, {args.layers} layers, 8 heads / 4 kv heads; one thread per rank; "
           f"budget {args.budget_mb:.0f} MB per rank")  # fmt: skip
-    print("| tokens | sp=1 MB | sp=2 MB per rank | memory sp2/sp1 | sp=1 s | sp=2 s | time sp2/sp1 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tokens | sp=1 activations MB | sp=2 activations MB | activations sp2/sp1 | sp=1 peak MB | sp=2 peak MB "
+          "| peak sp2/sp1 | sp=1 s | sp=2 s | time sp2/sp1 |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for length in lengths:
         one, two = results[1].get(length), results[2].get(length)
+        both = one is not None and two is not None
         cells = [str(length)]
-        for row in (one, two):
-            cells.append(spread(row[0], "{:.0f}") if row else "over")
-        cells.append(f"{statistics.median(two[0]) / statistics.median(one[0]):.2f}" if one and two else "-")
-        for row in (one, two):
-            cells.append(spread(row[1], "{:.2f}") if row else "-")
-        cells.append(f"{statistics.median(two[1]) / statistics.median(one[1]):.2f}" if one and two else "-")
+        cells += [f"{row.activations:.0f}" if row else "over" for row in (one, two)]
+        cells.append(f"{two.activations / one.activations:.2f}" if both else "-")
+        cells += [spread(row.peaks, "{:.0f}") if row else "over" for row in (one, two)]
+        cells.append(f"{statistics.median(two.peaks) / statistics.median(one.peaks):.2f}" if both else "-")
+        cells += [spread(row.seconds, "{:.2f}") if row else "-" for row in (one, two)]
+        cells.append(f"{statistics.median(two.seconds) / statistics.median(one.seconds):.2f}" if both else "-")
         print("| " + " | ".join(cells) + " |")
     for sp in (1, 2):
-        fits = [n for n, row in results[sp].items() if row[2] <= args.budget_mb]
+        fits = [n for n, row in results[sp].items() if row.peak <= args.budget_mb]
         print(f"sp={sp}: longest sequence under {args.budget_mb:.0f} MB per rank: {max(fits) if fits else 'none'} tokens")
     return 0
 

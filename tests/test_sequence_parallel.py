@@ -3,8 +3,8 @@
 Each run is a real ``FSDPPolicy`` in spawned processes: ``sp=1`` on one rank (the reference),
 ``sp=2`` on two, and ``dp=2 x sp=2`` on four. On the same packed micro-batch of sequences of
 uneven lengths they must give the same log-probs and entropies, the same proximal pass, the same
-loss and gradients of one train step and the same parameters after it; a checkpoint written at
-``sp=2`` loads at ``sp=1``. Two models: the tiny Qwen3 (4 heads, 2 kv heads: kv heads split
+loss and gradients of one train step and the same parameters after it, with and without LoRA; a
+checkpoint written at ``sp=2`` loads at ``sp=1``. Two models: the tiny Qwen3 (4 heads, 2 kv heads: kv heads split
 over the ranks) and a Llama-shaped one with one kv head (repeated to one per rank).
 """
 
@@ -71,11 +71,13 @@ def _worker(
         if load is not None:
             engine.load_checkpoint(load)
         else:
+            trainable = engine.model.named_parameters()
+            result["init"] = {n: p.full_tensor().detach().clone() for n, p in trainable if p.requires_grad}
             with torch.no_grad():
                 logp, entropy = engine._logprobs(engine.model, engine._pack(seqs, range(len(seqs))), with_entropy=True)
             result.update(logp=logp, entropy=entropy, prox=engine.compute_logprobs(seqs))
             result["stats"] = engine.ppo_update(trajs, adv, recompute_prox=True)
-            result["grads"] = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+            result["grads"] = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters() if p.requires_grad}
             engine.save_checkpoint(str(Path(out).parent / f"ckpt-sp{sp}"))
         result["params"] = {n: p.full_tensor().detach() for n, p in engine.model.named_parameters()}
         if rank == 0:
@@ -154,6 +156,21 @@ def test_data_and_sequence_parallel_together(model_path, reference, tmp_path):
     if "llama" in model_path:
         pytest.skip("one model is enough for the 4-rank layout")
     _assert_same_step(_run(tmp_path, model_path, world=4, sp=2, extra=("model.gradient_checkpointing=true",)), reference)
+
+
+@pytest.mark.slow
+def test_lora_two_ranks_equal_one(model_path, tmp_path):
+    """LoRA adapters (peft layers around the projections that feed the all-to-alls) train the same
+    under SP. Two minibatches: the first moves B off zero, so the second gives A a gradient too."""
+    if "llama" in model_path:
+        pytest.skip("one model is enough for LoRA")
+    lora = ("actor.lora.rank=4", "actor.lora.alpha=8")
+    want = _run(tmp_path, model_path, world=1, sp=1, extra=lora)
+    got = _run(tmp_path, model_path, world=2, sp=2, extra=lora)
+    assert want["grads"] and all("lora_" in name for name in want["grads"])  # only the adapters train
+    for factor in ("lora_A", "lora_B"):
+        assert any(not torch.equal(got["params"][n], p) for n, p in got["init"].items() if factor in n), factor
+    _assert_same_step(got, want)
 
 
 @pytest.mark.parametrize(
