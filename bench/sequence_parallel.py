@@ -167,7 +167,7 @@ def main() -> int:
     print("| tokens | sp=1 activations MB | sp=2 activations MB | activations sp2/sp1 | sp=1 peak MB | sp=2 peak MB "
           "| peak sp2/sp1 | sp=1 s | sp=2 s | time sp2/sp1 |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for length in lengths:
+    for length in [n for n in lengths if n in results[1] or n in results[2]]:
         one, two = results[1].get(length), results[2].get(length)
         both = one is not None and two is not None
         cells = [str(length)]
