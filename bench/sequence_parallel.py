@@ -94,13 +94,11 @@ def measure(engine, length: int, repeats: int) -> tuple[float, list[float], list
 @attrs.frozen
 class Row:
     """One setting at one length: activation MB (the largest over the ranks), peak MB per repeat (of
-    the rank that peaked highest), seconds per repeat (rank 0's; the ranks step in lockstep), and
-    the highest peak."""
+    the rank that peaked highest) and seconds per repeat (rank 0's; the ranks step in lockstep)."""
 
     activations: float
     peaks: list[float]
     seconds: list[float]
-    peak: float
 
 
 def _worker(rank: int, world: int, store: str, model_path: str, lengths: list[int], budget_mb: float,
@@ -126,9 +124,9 @@ def _worker(rank: int, world: int, store: str, model_path: str, lengths: list[in
             activations, megabytes, seconds = measure(engine, length, repeats)
             per_rank = [None] * world
             dist.all_gather_object(per_rank, (activations, megabytes))
-            peak = max(max(peaks) for _, peaks in per_rank)
-            rows[length] = attrs.asdict(Row(max(a for a, _ in per_rank), max((p for _, p in per_rank), key=max), seconds, peak))
-            if peak > budget_mb:
+            highest = max((p for _, p in per_rank), key=max)
+            rows[length] = attrs.asdict(Row(max(a for a, _ in per_rank), highest, seconds))
+            if max(highest) > budget_mb:
                 break
         if rank == 0:
             torch.save(rows, out)
@@ -179,8 +177,9 @@ def main() -> int:
         cells.append(f"{statistics.median(two.seconds) / statistics.median(one.seconds):.2f}" if both else "-")
         print("| " + " | ".join(cells) + " |")
     for sp in (1, 2):
-        fits = [n for n, row in results[sp].items() if row.peak <= args.budget_mb]
-        print(f"sp={sp}: longest sequence under {args.budget_mb:.0f} MB per rank: {max(fits) if fits else 'none'} tokens")
+        fits = [n for n, row in results[sp].items() if max(row.peaks) <= args.budget_mb]
+        longest = f"{max(fits)} tokens" if fits else "none"
+        print(f"sp={sp}: longest sequence under {args.budget_mb:.0f} MB per rank: {longest}")
     return 0
 
 
