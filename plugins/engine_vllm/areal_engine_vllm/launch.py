@@ -42,6 +42,17 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def server_command(config: Config, port: int | str, seed: int, transfer_backend: str, host: str = "127.0.0.1") -> list[str]:
     """Arguments after the Python executable; ``transfer_backend`` is vLLM's weight-transfer backend,
     ``host``/``port`` what the server binds (or the scheduler's placeholders for them)."""
+    flags = server_flags(config, port, seed, transfer_backend, host)
+    return ["-m", "vllm.entrypoints.openai.api_server", *command_line_flags(flags, config.rollout.engine_args)]
+
+
+#: The :func:`server_flags` that only the API server and the weight path read, not the engine's generation.
+SERVING_FLAGS = frozenset({"served-model-name", "host", "port", "weight-transfer-config", "worker-extension-cls",
+                           "enable-scale-out", "disable-uvicorn-access-log"})  # fmt: skip
+
+
+def server_flags(config: Config, port: int | str, seed: int, transfer_backend: str, host: str) -> dict[str, Any]:
+    """:func:`server_command`'s vLLM flags before ``rollout.engine_args``: ``{flag: value}``."""
     flags: dict[str, Any] = {
         "model": config.model.path,
         "served-model-name": SERVED_NAME,
@@ -66,7 +77,7 @@ def server_command(config: Config, port: int | str, seed: int, transfer_backend:
         flags.update({"no-enable-chunked-prefill": True, "max-num-batched-tokens": max(flags["max-model-len"], 4096)})
     if config.actor.lora is not None:
         flags.update({"enable-lora": True, "max-lora-rank": max_lora_rank(config.actor.lora.rank)})
-    return ["-m", "vllm.entrypoints.openai.api_server", *command_line_flags(flags, config.rollout.engine_args)]
+    return flags
 
 
 def max_lora_rank(rank: int) -> int:

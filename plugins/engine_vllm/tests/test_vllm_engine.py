@@ -25,7 +25,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
 
 from areal_engine_vllm.client import VLLMEngine  # noqa: E402
-from areal_engine_vllm.launch import server_command  # noqa: E402
+from areal_engine_vllm.launch import SERVING_FLAGS, server_command, server_flags  # noqa: E402
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
 from areal_core.api.errors import ArealError  # noqa: E402
@@ -162,6 +162,21 @@ def test_engine_args_pass_any_vllm_flag_through(tmp_path: Path) -> None:
     assert "--enforce-eager" not in cmd  # false drops a flag
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "areal_gloo"}
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--seed") + 1] == "5"
+
+
+def test_serving_flags_name_flags_the_server_gets(tmp_path: Path) -> None:
+    """``SERVING_FLAGS`` (what bench/real_model_generation.py leaves out of its offline vLLM) stays in
+    step with the flags; what remains parses as vLLM's own engine arguments."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from areal_core.api.http_engine import command_line_flags
+
+    flags = server_flags(Config(model=ModelConfig(path=str(tmp_path))), 1234, 5, "areal_gloo", "127.0.0.1")
+    assert SERVING_FLAGS <= flags.keys()
+    engine_only = command_line_flags({k: v for k, v in flags.items() if k not in SERVING_FLAGS}, {})
+    parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(engine_only)
+    assert EngineArgs.from_cli_args(parsed).seed == 5
 
 
 # --------------------------------------------------------------------------- servers
