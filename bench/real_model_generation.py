@@ -26,8 +26,8 @@ requests do). The servers get the ``b`` requests through the engine client's pub
 actually generated (rows end at eos at different lengths) over the wall seconds from sending the
 batch to its last answer; one untimed warm-up batch first, then ``--repeats`` timed batches per
 batch size, printed as min/median/max. Then the ratios of medians (hf / generate, goal >= 0.9;
-vllm / hf at batch 32, goal >= 3; vllm / vllm-offline), how many greedy outputs equal generate's (bf16 batching may
-flip a near-tie), and each contender's peak RSS (a server's whole process group).
+vllm / hf at batch 32, goal >= 3; vllm / vllm-offline), how many greedy outputs equal generate's
+(bf16 batching may flip a near-tie), and each contender's peak RSS (a server's whole process group).
 
 The model comes from ``--model`` (a directory, or a source converted once under the repo's
 ``runs/models``); servers run with a temporary ``fileroot``.
