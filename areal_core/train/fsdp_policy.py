@@ -25,6 +25,7 @@ from torch import nn
 from areal_core.api.algorithm import Algorithm, LossInput
 from areal_core.api import lora
 from areal_core.config import sequence_parallel_problem
+from areal_core.train import shared_prefix
 from areal_core.train.checkpoint import load_checkpoint, save_checkpoint
 from areal_core.train.logprobs import packed_token_logprobs
 from areal_core.train.optim import build_optimizer, clip_grad_norm
@@ -218,6 +219,9 @@ class FSDPPolicy:
         lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if self.sp is not None:
             self._use_ulysses_attention(lm)
+        elif self.config.actor.share_prefixes:
+            shared_prefix.register_attention()
+            lm.set_attn_implementation(shared_prefix.ATTENTION)
         if trainable and self.config.model.gradient_checkpointing:
             enable_activation_checkpointing(lm)
         lm.train(trainable)
@@ -269,8 +273,13 @@ class FSDPPolicy:
         return self.rank // self.sp_size
 
     def _pack(self, sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBatch:
-        """Rows of at most the longest sequence's width; with SP one row, split over the SP ranks."""
-        return pack_in_one_row(sequences, indices, self.sp_size) if self.sp is not None else pack(sequences, indices)
+        """Rows of at most the longest sequence's width; with SP one row, split over the SP ranks;
+        with ``actor.share_prefixes`` one row of shared prefixes (shared_prefix.py)."""
+        if self.sp is not None:
+            return pack_in_one_row(sequences, indices, self.sp_size)
+        if self.config.actor.share_prefixes:
+            return shared_prefix.pack_sharing_prefixes(sequences, indices, shared_prefix.MIN_PREFIX)
+        return pack(sequences, indices)
 
     @property
     def world_size(self) -> int:

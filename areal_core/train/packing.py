@@ -19,6 +19,8 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
+    from areal_core.train.shared_prefix import SharedLayout
+
 
 def first_fit_decreasing(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Group sequence indices into bins of total length <= ``max_tokens`` (first-fit, longest first).
@@ -57,6 +59,8 @@ class PackedBatch:
     cu_seqlens: torch.Tensor  # int32 [n_seqs + 1], cumulative sequence lengths
     seq_ids: torch.Tensor  # long [N], local index of each token's sequence
     indices: tuple[int, ...]  # position of each packed sequence in the caller's list
+    # set: the model runs this layout instead (shared prefixes once); the fields above keep the packed order
+    shared: SharedLayout | None = None
 
     @property
     def n_seqs(self) -> int:
@@ -89,6 +93,7 @@ class PackedBatch:
             tokens=self.tokens.to(device),
             cu_seqlens=self.cu_seqlens.to(device),
             seq_ids=self.seq_ids.to(device),
+            shared=self.shared.to(device) if self.shared is not None else None,
         )
 
 
@@ -208,11 +213,16 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_k
     def _grab(_module: torch.nn.Module, _args: object, output: object) -> None:
         captured.append(output.last_hidden_state)
 
+    if batch.shared is not None:
+        from areal_core.train.shared_prefix import LAYOUT_KWARG
+
+        layout = batch.shared
+        forward_kwargs = {**forward_kwargs, LAYOUT_KWARG: layout}
     handle = model.get_decoder().register_forward_hook(_grab)
     try:
         model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
+            input_ids=batch.input_ids if batch.shared is None else layout.input_ids,
+            position_ids=batch.position_ids if batch.shared is None else layout.position_ids,
             attention_mask=None,
             use_cache=False,
             logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
@@ -223,7 +233,7 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_k
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder forward per model forward, saw {len(captured)}")
     hidden = captured[0]
-    return hidden.reshape(-1, hidden.shape[-1])[batch.tokens]
+    return hidden.reshape(-1, hidden.shape[-1])[batch.tokens if batch.shared is None else batch.shared.expand]
 
 
 def _check_lengths(lengths: Sequence[int], names: Sequence[int] | None = None) -> None:

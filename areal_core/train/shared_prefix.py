@@ -1,0 +1,197 @@
+"""Shared prefixes (``actor.share_prefixes``): a micro-batch's sequences that start with the same
+tokens run those tokens through the model once.
+
+GRPO samples ``n`` answers per prompt, so a micro-batch holds each prompt ``n`` times; on short
+answers the prompts are most of the tokens. Here sequences are grouped into *clusters* that share
+a prefix (:func:`plan_clusters`: the partition that saves the most tokens, one level deep), and
+each cluster is laid out as its prefix once followed by every member's remainder, in one row
+(:class:`SharedLayout`). A remainder's tokens attend to the prefix and causally to their own
+remainder, never to another member's; position ids carry on from the prefix. Every token then
+computes what it would alone: the prefix's keys and values are the same for every member, so the
+decoder's hidden states of the packed sequences are the layout's, gathered back with
+:attr:`SharedLayout.expand` (its backward adds up the prefix's gradients over the members, which
+is what separate forwards would have summed). The log-probs and the loss downstream see the usual
+packed order and do not change.
+
+The attention is a transformers attention implementation (:data:`ATTENTION`) that runs SDPA per
+cluster with the cluster's mask; a sequence that shares nothing is a cluster of one (causal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+if TYPE_CHECKING:
+    from areal_core.train.packing import PackedBatch
+
+#: The transformers attention implementation of a policy that shares prefixes.
+ATTENTION = "areal_shared_prefix"
+#: The model-forward keyword that carries the :class:`SharedLayout` down to :func:`shared_prefix_attention`.
+LAYOUT_KWARG = "areal_shared_layout"
+#: The shortest prefix worth sharing (tokens): below it the tokens saved do not pay for a masked attention.
+MIN_PREFIX = 8
+
+
+@attrs.frozen
+class Cluster:
+    """Sequences ``members`` (indices into the caller's list) that share their first ``prefix`` tokens."""
+
+    members: tuple[int, ...]
+    prefix: int
+
+
+def plan_clusters(sequences: Sequence[Sequence[int]], min_prefix: int) -> list[Cluster]:
+    """Partition ``sequences`` into clusters that share a prefix of at least ``min_prefix`` tokens,
+    saving the most tokens (``(members - 1) * prefix`` summed); the rest are clusters of one
+    (``prefix`` = the whole sequence). Every member keeps at least one token of its own.
+
+    Sorted, sequences with a common prefix are neighbours; a range of them shares the smallest
+    common prefix of neighbouring pairs, or splits where that is smallest and its parts share more.
+    """
+    order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
+    common = [_common_prefix(sequences[a], sequences[b]) for a, b in zip(order, order[1:])]
+
+    def best(lo: int, hi: int) -> tuple[int, list[Cluster]]:
+        members = order[lo:hi]
+        if hi - lo == 1:
+            return 0, [Cluster((members[0],), len(sequences[members[0]]))]
+        low = min(common[lo : hi - 1])
+        prefix = min(low, min(len(sequences[i]) for i in members) - 1)
+        whole = (hi - lo - 1) * prefix if prefix >= min_prefix else 0
+        cuts = [lo] + [k + 1 for k in range(lo, hi - 1) if common[k] == low] + [hi]
+        parts = [best(a, b) for a, b in zip(cuts, cuts[1:])] if len(cuts) > 2 else []
+        split = sum(saved for saved, _ in parts)
+        if parts and split >= whole:
+            return split, [c for _, clusters in parts for c in clusters]
+        if whole:
+            return whole, [Cluster(tuple(sorted(members)), prefix)]
+        return 0, [Cluster((i,), len(sequences[i])) for i in members]
+
+    if not sequences:
+        return []
+    return sorted(best(0, len(order))[1], key=lambda c: c.members[0])
+
+
+@attrs.frozen(eq=False)
+class SharedLayout:
+    """The model's input for a micro-batch with shared prefixes: one row of ``C`` tokens."""
+
+    input_ids: torch.Tensor  # long [1, C]
+    position_ids: torch.Tensor  # long [1, C]
+    expand: torch.Tensor  # long [N]: the row position of each packed token (packed order)
+    spans: tuple[tuple[int, int], ...]  # [start, end) of each cluster in the row
+    masks: tuple[torch.Tensor | None, ...]  # bool [end - start, end - start] per span; None: causal
+
+    def to(self, device: torch.device | str) -> SharedLayout:
+        return attrs.evolve(
+            self,
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            expand=self.expand.to(device),
+            masks=tuple(m.to(device) if m is not None else None for m in self.masks),
+        )
+
+
+def shared_layout(sequences: Sequence[Sequence[int]], clusters: Sequence[Cluster]) -> SharedLayout:
+    """The row of ``clusters`` over ``sequences`` (the micro-batch's, in packed order)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    offsets: dict[int, tuple[int, int]] = {}  # sequence -> (row start of its prefix, of its remainder)
+    spans, masks = [], []
+    for cluster in clusters:
+        start = len(ids)
+        first = sequences[cluster.members[0]]
+        ids += first[: cluster.prefix]
+        positions += range(cluster.prefix)
+        owners = [-1] * cluster.prefix  # member that owns each token of the span; -1: the prefix
+        for k, i in enumerate(cluster.members):
+            offsets[i] = (start, len(ids))
+            rest = sequences[i][cluster.prefix :]
+            ids += rest
+            positions += range(cluster.prefix, cluster.prefix + len(rest))
+            owners += [k] * len(rest)
+        spans.append((start, len(ids)))
+        masks.append(_cluster_mask(torch.tensor(owners)) if len(cluster.members) > 1 else None)
+    expand = []
+    prefix_of = {i: c.prefix for c in clusters for i in c.members}
+    for i in range(len(sequences)):
+        prefix_start, rest_start = offsets[i]
+        p = prefix_of[i]
+        expand += [prefix_start + t for t in range(p)] + [rest_start + t for t in range(len(sequences[i]) - p)]
+    return SharedLayout(
+        input_ids=torch.tensor(ids, dtype=torch.long)[None],
+        position_ids=torch.tensor(positions, dtype=torch.long)[None],
+        expand=torch.tensor(expand, dtype=torch.long),
+        spans=tuple(spans),
+        masks=tuple(masks),
+    )
+
+
+def pack_sharing_prefixes(sequences: Sequence[Sequence[int]], indices: Sequence[int], min_prefix: int) -> PackedBatch:
+    """:func:`areal_core.train.packing.pack_in_one_row` of ``sequences[i] for i in indices`` with the
+    :class:`SharedLayout` of their clusters (prefixes of at least ``min_prefix`` tokens) for the model."""
+    from areal_core.train.packing import pack_in_one_row
+
+    batch = pack_in_one_row(sequences, indices, 1)
+    chosen = [sequences[i] for i in indices]
+    return attrs.evolve(batch, shared=shared_layout(chosen, plan_clusters(chosen, min_prefix)))
+
+
+def _cluster_mask(owners: torch.Tensor) -> torch.Tensor:
+    """``mask[q, k]``: token ``k`` is at or before ``q`` and is the prefix's or ``q``'s own member's."""
+    causal = torch.ones(len(owners), len(owners), dtype=torch.bool).tril()
+    return causal & ((owners[None, :] == -1) | (owners[None, :] == owners[:, None]))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+    sliding_window: int | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """A transformers attention function (``[1, heads, C, head_dim]`` in, ``[1, C, heads, head_dim]``
+    out) over the :class:`SharedLayout` passed as :data:`LAYOUT_KWARG` to the model's forward."""
+    layout: SharedLayout | None = kwargs.get(LAYOUT_KWARG)
+    if layout is None:
+        raise RuntimeError(f"attention {ATTENTION!r} needs the model forward's {LAYOUT_KWARG}= keyword")
+    if sliding_window is not None:
+        raise ValueError(
+            f"actor.share_prefixes: {type(module).__name__} attends within a sliding window of {sliding_window} "
+            "tokens, which shared prefixes do not implement; set actor.share_prefixes=false"
+        )
+    gqa = query.shape[1] != key.shape[1]
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], attn_mask=mask, dropout_p=dropout,
+            is_causal=mask is None, scale=scaling, enable_gqa=gqa,
+        )
+        for (a, b), mask in zip(layout.spans, layout.masks)
+    ]  # fmt: skip
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2), None
+
+
+def _no_mask(*_: Any, **__: Any) -> None:
+    """Masks are the forward's :class:`SharedLayout`'s; transformers need not build one."""
+    return None
+
+
+def register_attention() -> None:
+    """Make :data:`ATTENTION` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, shared_prefix_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
