@@ -13,7 +13,7 @@ from areal_core.api.errors import ConfigError
 from areal_core.api.trajectory import Trajectory
 from areal_core.config import load_config
 from areal_core.train.packing import pack_in_one_row
-from areal_core.train.shared_prefix import MIN_PREFIX, Cluster, pack_sharing_prefixes, plan_clusters
+from areal_core.train.shared_prefix import MIN_PREFIX, Cluster, micro_batches, pack_sharing_prefixes, plan_clusters
 from test_train_engine import make_engine, model_path, process_group  # noqa: F401 - fixtures
 
 # sequences drawn from a few stems, so that prefixes are shared at several depths
@@ -84,7 +84,10 @@ def _grpo_batch(vocab: int) -> tuple[list[Trajectory], list[float]]:
     return trajs, advantages
 
 
-@pytest.mark.parametrize("overrides", [(), ("actor.ppo_n_minibatches=2", "model.gradient_checkpointing=true")])
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("actor.ppo_n_minibatches=2", "model.gradient_checkpointing=true"), ("actor.max_tokens_per_mb=64",)],
+)
 def test_a_step_with_shared_prefixes_equals_one_without(process_group, model_path, overrides):  # noqa: F811
     results = []
     for share in (False, True):
@@ -110,3 +113,14 @@ def test_sharing_and_sequence_parallel_are_one_or_the_other():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["actor.world_size=2", "actor.sequence_parallel=2", "actor.share_prefixes=true"])
     assert str(info.value).startswith("actor.share_prefixes: true does not combine with actor.sequence_parallel")
+
+
+@given(_batches, st.integers(6, 60))
+def test_micro_batches_fit_the_budget_after_sharing(drawn, budget):
+    seqs = _sequences(drawn)
+    bins = micro_batches(seqs, budget, 4)
+    assert sorted(i for b in bins for i in b) == list(range(len(seqs)))
+    for b in bins:
+        chosen = [seqs[i] for i in b]
+        shared = pack_sharing_prefixes(chosen, range(len(chosen)), 4).shared.input_ids.shape[1]
+        assert shared <= budget or len(b) == 1 or max(len(s) for s in chosen) > budget  # only what cannot fit goes over

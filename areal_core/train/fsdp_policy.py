@@ -304,11 +304,15 @@ class FSDPPolicy:
         chunk = self.config.actor.logprob_chunk_size
         return model(batch.to(self.device), self.config.gconfig.temperature, chunk, with_entropy)
 
-    def _micro_batches(self, lengths: Sequence[int], mine: list[int]) -> tuple[list[list[int]], int]:
-        """FFD bins (global indices) of this rank's sequences, and the bin count every rank runs."""
+    def _micro_batches(self, sequences: Sequence[Sequence[int]], mine: list[int]) -> tuple[list[list[int]], int]:
+        """FFD bins (global indices) of this rank's sequences (by their size after sharing, with
+        ``actor.share_prefixes``), and the bin count every rank runs."""
         # max_tokens_per_mb is what one rank runs: under SP a micro-batch is split over sp ranks
         budget = self.config.actor.max_tokens_per_mb * self.sp_size
-        bins = first_fit_decreasing([lengths[i] for i in mine], budget)
+        if self.config.actor.share_prefixes:
+            bins = shared_prefix.micro_batches([sequences[i] for i in mine], budget, shared_prefix.MIN_PREFIX)
+        else:
+            bins = first_fit_decreasing([len(sequences[i]) for i in mine], budget)
         count = torch.tensor([len(bins)], dtype=torch.long, device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return [[mine[j] for j in b] for b in bins], int(count)
@@ -322,7 +326,7 @@ class FSDPPolicy:
     def compute_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Current-policy log-probs of each token sequence, aligned to tokens (0 at position 0)."""
         lengths = [len(s) for s in sequences]
-        bins, n_micro = self._micro_batches(lengths, self._my_share(lengths, range(len(sequences))))
+        bins, n_micro = self._micro_batches(sequences, self._my_share(lengths, range(len(sequences))))
         mine: dict[int, list[float]] = {}
         for k in range(n_micro):
             batch = self._pack(sequences, bins[k]) if k < len(bins) else self._pack([_DUMMY_SEQUENCE], [0])
@@ -407,7 +411,7 @@ class FSDPPolicy:
         dist.all_reduce(norms)
         norms /= self.sp_size  # an SP group's ranks all count the same sequences
         token_norm, seq_norm = max(1.0, float(norms[0])), max(1.0, float(norms[1]))
-        bins, n_micro = self._micro_batches(lengths, mine)
+        bins, n_micro = self._micro_batches([t.input_ids for t in trajs], mine)
         self.optimizer.zero_grad(set_to_none=True)
         for k in range(n_micro):
             # One rank: keep weights gathered and reduce gradients once per optimizer step (costs

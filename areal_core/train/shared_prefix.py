@@ -13,8 +13,10 @@ decoder's hidden states of the packed sequences are the layout's, gathered back 
 is what separate forwards would have summed). The log-probs and the loss downstream see the usual
 packed order and do not change.
 
-The attention is a transformers attention implementation (:data:`ATTENTION`) that runs SDPA per
-cluster with the cluster's mask; a sequence that shares nothing is a cluster of one (causal).
+The attention is a transformers attention implementation (:data:`ATTENTION`): per cluster, causal
+SDPA over the prefix, then for each remainder SDPA over the prefix's and its own keys (all of the
+prefix, its own causally), so attention does the same work as without sharing, less the repeated
+prefixes; a sequence that shares nothing is a cluster of one (its prefix is all of it).
 """
 
 from __future__ import annotations
@@ -76,6 +78,36 @@ def plan_clusters(sequences: Sequence[Sequence[int]], min_prefix: int) -> list[C
     return sorted(best(0, len(order))[1], key=lambda c: c.members[0])
 
 
+def micro_batches(sequences: Sequence[Sequence[int]], budget: int, min_prefix: int) -> list[list[int]]:
+    """First-fit-decreasing bins of ``sequences`` (indices) by their size *after* sharing: each
+    cluster goes whole into a bin, or in parts of members whose prefix + remainders fit ``budget``."""
+    from areal_core.train.packing import first_fit_decreasing
+
+    parts: list[list[int]] = []
+    sizes: list[int] = []
+    for cluster in plan_clusters(sequences, min_prefix):
+        parts.append([])
+        sizes.append(cluster.prefix)
+        for i in sorted(cluster.members, key=lambda i: -len(sequences[i])):
+            rest = len(sequences[i]) - cluster.prefix
+            if parts[-1] and sizes[-1] + rest > budget:  # a cluster larger than the budget: in parts
+                parts.append([])
+                sizes.append(cluster.prefix)
+            parts[-1].append(i)
+            sizes[-1] += rest
+    return [sorted(i for k in b for i in parts[k]) for b in first_fit_decreasing(sizes, budget)]
+
+
+@attrs.frozen(eq=False)
+class LaidOut:
+    """One cluster in the row: its prefix's ``[start, end)``, each member's remainder's, and for
+    each remainder the mask over (prefix, remainder) keys: all of the prefix, its own causally."""
+
+    prefix: tuple[int, int]
+    rests: tuple[tuple[int, int], ...]
+    masks: tuple[torch.Tensor, ...]  # bool [rest, prefix + rest]
+
+
 @attrs.frozen(eq=False)
 class SharedLayout:
     """The model's input for a micro-batch with shared prefixes: one row of ``C`` tokens."""
@@ -83,16 +115,16 @@ class SharedLayout:
     input_ids: torch.Tensor  # long [1, C]
     position_ids: torch.Tensor  # long [1, C]
     expand: torch.Tensor  # long [N]: the row position of each packed token (packed order)
-    spans: tuple[tuple[int, int], ...]  # [start, end) of each cluster in the row
-    masks: tuple[torch.Tensor | None, ...]  # bool [end - start, end - start] per span; None: causal
+    clusters: tuple[LaidOut, ...]  # in row order
 
     def to(self, device: torch.device | str) -> SharedLayout:
+        clusters = tuple(attrs.evolve(c, masks=tuple(m.to(device) for m in c.masks)) for c in self.clusters)
         return attrs.evolve(
             self,
             input_ids=self.input_ids.to(device),
             position_ids=self.position_ids.to(device),
             expand=self.expand.to(device),
-            masks=tuple(m.to(device) if m is not None else None for m in self.masks),
+            clusters=clusters,
         )
 
 
@@ -100,34 +132,28 @@ def shared_layout(sequences: Sequence[Sequence[int]], clusters: Sequence[Cluster
     """The row of ``clusters`` over ``sequences`` (the micro-batch's, in packed order)."""
     ids: list[int] = []
     positions: list[int] = []
-    offsets: dict[int, tuple[int, int]] = {}  # sequence -> (row start of its prefix, of its remainder)
-    spans, masks = [], []
+    expand: dict[int, list[int]] = {}  # sequence -> the row position of each of its tokens
+    laid_out = []
     for cluster in clusters:
-        start = len(ids)
-        first = sequences[cluster.members[0]]
-        ids += first[: cluster.prefix]
-        positions += range(cluster.prefix)
-        owners = [-1] * cluster.prefix  # member that owns each token of the span; -1: the prefix
-        for k, i in enumerate(cluster.members):
-            offsets[i] = (start, len(ids))
-            rest = sequences[i][cluster.prefix :]
+        start, p = len(ids), cluster.prefix
+        ids += sequences[cluster.members[0]][:p]
+        positions += range(p)
+        rests, masks = [], []
+        for i in cluster.members:
+            rest = sequences[i][p:]
+            expand[i] = list(range(start, start + p)) + list(range(len(ids), len(ids) + len(rest)))
+            if rest:
+                rests.append((len(ids), len(ids) + len(rest)))
+                own = torch.ones(len(rest), len(rest), dtype=torch.bool).tril()
+                masks.append(torch.cat([torch.ones(len(rest), p, dtype=torch.bool), own], dim=1))
             ids += rest
-            positions += range(cluster.prefix, cluster.prefix + len(rest))
-            owners += [k] * len(rest)
-        spans.append((start, len(ids)))
-        masks.append(_cluster_mask(torch.tensor(owners)) if len(cluster.members) > 1 else None)
-    expand = []
-    prefix_of = {i: c.prefix for c in clusters for i in c.members}
-    for i in range(len(sequences)):
-        prefix_start, rest_start = offsets[i]
-        p = prefix_of[i]
-        expand += [prefix_start + t for t in range(p)] + [rest_start + t for t in range(len(sequences[i]) - p)]
+            positions += range(p, p + len(rest))
+        laid_out.append(LaidOut(prefix=(start, start + p), rests=tuple(rests), masks=tuple(masks)))
     return SharedLayout(
         input_ids=torch.tensor(ids, dtype=torch.long)[None],
         position_ids=torch.tensor(positions, dtype=torch.long)[None],
-        expand=torch.tensor(expand, dtype=torch.long),
-        spans=tuple(spans),
-        masks=tuple(masks),
+        expand=torch.tensor([t for i in range(len(sequences)) for t in expand[i]], dtype=torch.long),
+        clusters=tuple(laid_out),
     )
 
 
@@ -139,12 +165,6 @@ def pack_sharing_prefixes(sequences: Sequence[Sequence[int]], indices: Sequence[
     batch = pack_in_one_row(sequences, indices, 1)
     chosen = [sequences[i] for i in indices]
     return attrs.evolve(batch, shared=shared_layout(chosen, plan_clusters(chosen, min_prefix)))
-
-
-def _cluster_mask(owners: torch.Tensor) -> torch.Tensor:
-    """``mask[q, k]``: token ``k`` is at or before ``q`` and is the prefix's or ``q``'s own member's."""
-    causal = torch.ones(len(owners), len(owners), dtype=torch.bool).tril()
-    return causal & ((owners[None, :] == -1) | (owners[None, :] == owners[:, None]))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -171,14 +191,16 @@ def shared_prefix_attention(
             f"actor.share_prefixes: {type(module).__name__} attends within a sliding window of {sliding_window} "
             "tokens, which shared prefixes do not implement; set actor.share_prefixes=false"
         )
-    gqa = query.shape[1] != key.shape[1]
-    outs = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], attn_mask=mask, dropout_p=dropout,
-            is_causal=mask is None, scale=scaling, enable_gqa=gqa,
-        )
-        for (a, b), mask in zip(layout.spans, layout.masks)
-    ]  # fmt: skip
+    options = {"dropout_p": dropout, "scale": scaling, "enable_gqa": query.shape[1] != key.shape[1]}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    outs = []
+    for cluster in layout.clusters:  # row order: each prefix, then its members' remainders
+        a, b = cluster.prefix
+        outs.append(sdpa(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, **options))
+        for (r0, r1), mask in zip(cluster.rests, cluster.masks):
+            keys = torch.cat([key[:, :, a:b], key[:, :, r0:r1]], dim=2)
+            values = torch.cat([value[:, :, a:b], value[:, :, r0:r1]], dim=2)
+            outs.append(sdpa(query[:, :, r0:r1], keys, values, attn_mask=mask, **options))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return out.transpose(1, 2), None
 
