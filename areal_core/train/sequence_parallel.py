@@ -139,18 +139,11 @@ def ulysses_attention(
     return _Exchange.apply(out, group, False).transpose(1, 2), None  # token-major in memory: no copy
 
 
-def _no_mask(*_: Any, **__: Any) -> None:
-    """Masks are the segments of the forward's :class:`Shard`; transformers need not build one."""
-    return None
-
-
 def register_attention() -> None:
     """Make :data:`ATTENTION` a transformers attention implementation (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from areal_core.train.attention_registry import register_attention as register
 
-    AttentionInterface.register(ATTENTION, ulysses_attention)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
+    register(ATTENTION, ulysses_attention)
 
 
 class _GatherTokens(torch.autograd.Function):

@@ -205,15 +205,8 @@ def shared_prefix_attention(
     return out.transpose(1, 2), None
 
 
-def _no_mask(*_: Any, **__: Any) -> None:
-    """Masks are the forward's :class:`SharedLayout`'s; transformers need not build one."""
-    return None
-
-
 def register_attention() -> None:
     """Make :data:`ATTENTION` a transformers attention implementation (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from areal_core.train.attention_registry import register_attention as register
 
-    AttentionInterface.register(ATTENTION, shared_prefix_attention)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
+    register(ATTENTION, shared_prefix_attention)
