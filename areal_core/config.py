@@ -416,6 +416,12 @@ def _structure(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(key, f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, (bool, int, float)):  # YAML's reading of an unquoted off/yes/123
+            raise ConfigError(
+                key,
+                f"expected a string, got {value!r}: YAML read the unquoted value as a {type(value).__name__}; "
+                f"""quote it ('{key}="..."' on the command line, "..." in a file)""",
+            )
         if not isinstance(value, str):
             raise ConfigError(key, f"expected a string, got {value!r}")
         return value

@@ -80,6 +80,7 @@ BAD_INPUTS = [
     (["actor=3"], "actor: expected a mapping, got 3"),
     (["actor.world_size.x=1"], "actor.world_size: expected an integer, got {'x': 1}"),
     (["actor.world_size=1", "actor.world_size.x=1"], "actor.world_size: is a value, not a section"),
+    (["trial_name=off"], """trial_name: expected a string, got False: YAML read the unquoted value as a bool; quote it ('trial_name="..."'"""),
     (["noequals"], "overrides look like dotted.key=value"),
     (["rollout.cpus=[100000]"], "rollout.cpus: CPU 100000 is not available here; give distinct CPUs from ["),
     (["actor.cpus=[0, 0]"], "actor.cpus: [0, 0] repeats a CPU; give distinct CPUs from ["),
@@ -93,6 +94,10 @@ def test_bad_config_names_the_key(overrides, message):
         load_config(None, overrides)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_quoted_override_keeps_a_yaml_keyword_as_a_string():
+    assert load_config(None, ['trial_name="off"']).trial_name == "off"
 
 
 def test_bad_yaml_file(tmp_path):
