@@ -160,6 +160,34 @@ def test_packed_logprobs_are_token_aligned(temperature):
     assert (logp[batch.seq_starts] == 0).all() and (logp[~batch.seq_starts] < 0).all()
 
 
+@pytest.mark.parametrize("share_prefixes", [False, True])
+def test_scored_tokens_alone_run_the_head_and_train_the_same(share_prefixes):
+    """``PackedBatch.scored`` (the loss tokens): their log-probs, entropies and the gradient of a
+    loss over them are those of the whole batch; every other token is 0."""
+    import attrs
+
+    from areal_core.train.shared_prefix import pack_sharing_prefixes
+
+    prompt = _sequences([9], seed=3)[0]
+    answers = _sequences([5, 1, 7, 3], seed=4)
+    seqs = [prompt + a for a in answers]
+    batch = pack_sharing_prefixes(seqs, [1, 3, 0, 2], 4) if share_prefixes else pack(seqs, [1, 3, 0, 2])
+    scored = torch.tensor([k >= len(prompt) for i in batch.indices for k in range(len(seqs[i]))])
+    weights = torch.linspace(-1.0, 1.0, scored.shape[0])
+    results = []
+    for b in (batch, attrs.evolve(batch, scored=scored)):
+        model = _tiny_model()
+        logp, ent = packed_token_logprobs(model, b, chunk_size=4, with_entropy=True)
+        (torch.where(scored, logp * weights + 0.1 * ent, 0.0)).sum().backward()
+        results.append((logp, ent, {n: p.grad for n, p in model.named_parameters()}))
+    (logp, ent, grads), (s_logp, s_ent, s_grads) = results
+    torch.testing.assert_close(s_logp[scored], logp[scored], **TOL)
+    torch.testing.assert_close(s_ent[scored], ent[scored], **TOL)
+    assert (s_logp[~scored] == 0).all() and (s_ent[~scored] == 0).all() and (logp[~scored][1:] != 0).any()
+    for name, grad in grads.items():
+        torch.testing.assert_close(s_grads[name], grad, **TOL, msg=name)
+
+
 # --- FSDP2 on a real 1-process gloo group ---------------------------------------------------
 
 

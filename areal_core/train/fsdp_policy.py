@@ -323,13 +323,23 @@ class FSDPPolicy:
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
-    def compute_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Current-policy log-probs of each token sequence, aligned to tokens (0 at position 0)."""
+    def compute_logprobs(
+        self, sequences: list[list[int]], scored: list[list[int]] | None = None
+    ) -> list[list[float]]:
+        """Current-policy log-probs of each token sequence, aligned to tokens (0 at position 0).
+
+        ``scored`` (per sequence, 0/1 per token: the loss masks): only those tokens' log-probs are
+        computed, the others are 0."""
         lengths = [len(s) for s in sequences]
         bins, n_micro = self._micro_batches(sequences, self._my_share(lengths, range(len(sequences))))
         mine: dict[int, list[float]] = {}
         for k in range(n_micro):
-            batch = self._pack(sequences, bins[k]) if k < len(bins) else self._pack([_DUMMY_SEQUENCE], [0])
+            if k < len(bins):
+                batch = self._pack(sequences, bins[k])
+                if scored is not None:
+                    batch = attrs.evolve(batch, scored=pack_per_token(scored, batch, torch.bool))
+            else:
+                batch = self._pack([_DUMMY_SEQUENCE], [0])
             logp, _ = self._logprobs(self.model, batch, with_entropy=False)
             if k < len(bins):
                 for i, values in zip(batch.indices, logp.float().cpu().split(batch.seq_lens)):
@@ -366,7 +376,7 @@ class FSDPPolicy:
         fused = recompute_prox and len(minibatches) == 1
         prox_s = 0.0
         if recompute_prox and not fused:
-            prox_logprobs = self.compute_logprobs([t.input_ids for t in trajs])
+            prox_logprobs = self.compute_logprobs([t.input_ids for t in trajs], [t.loss_mask for t in trajs])
             prox_s = time.perf_counter() - start
         lengths = [len(t.input_ids) for t in trajs]
         stats = _StepStats()
@@ -451,7 +461,9 @@ class FSDPPolicy:
         seqs = [t.input_ids for t in trajs]
         batch = self._pack(seqs, indices)
         dev = self.device
-        mask = pack_per_token([t.loss_mask for t in trajs], batch, torch.bool).to(dev)
+        mask = pack_per_token([t.loss_mask for t in trajs], batch, torch.bool)
+        batch = attrs.evolve(batch, scored=mask)  # the head runs for the loss tokens only
+        mask = mask.to(dev)
         old = pack_per_token([t.logprobs for t in trajs], batch, torch.float32).to(dev)
         prox = pack_per_token(prox_logprobs, batch, torch.float32).to(dev) if prox_logprobs is not None else None
         adv = torch.tensor([advantages[i] for i in batch.indices], dtype=torch.float32)[batch.seq_ids].to(dev)

@@ -60,18 +60,30 @@ def packed_token_logprobs(
 
     Uses the model's output embedding (tied ``lm_head``). Works on FSDP2-sharded models: the head
     weight is read while the root's parameters are all-gathered, so its gradient reaches the
-    sharded parameter through FSDP's own reduce-scatter.
+    sharded parameter through FSDP's own reduce-scatter. With :attr:`PackedBatch.scored` the head
+    runs only where a scored token is predicted (a GRPO answer's positions, not its prompt's), and
+    every other token gets 0.
     """
     from areal_core.train.packing import packed_hidden_states
 
-    hidden = packed_hidden_states(model, batch)
-    weight = unsharded_head_weight(model)
     ids = batch.flat_ids
-    # hidden[t] predicts ids[t + 1]; rows that cross a sequence boundary are masked to 0 below
+    n = ids.shape[0] - 1
+    # the state at packed position t predicts ids[t + 1]; values that cross a sequence boundary
+    # are masked to 0 below
+    rows = torch.arange(n, device=ids.device) if batch.scored is None else batch.scored[1:].nonzero().squeeze(1)
+    hidden = packed_hidden_states(model, batch, rows)
+    weight = unsharded_head_weight(model)
     logp, entropy = token_logprobs(
-        hidden[:-1], weight, ids[1:], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        hidden, weight, ids[rows + 1], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
     )
+    if batch.scored is not None:
+        logp, entropy = (_spread(v, rows, n) for v in (logp, entropy))
     return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
+
+
+def _spread(values: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
+    """``values`` at ``rows`` of an ``[n]`` vector of zeros (differentiable)."""
+    return None if values is None else values.new_zeros(n).index_copy(0, rows, values)
 
 
 def align_to_tokens(next_token: torch.Tensor | None, batch: PackedBatch) -> torch.Tensor | None:

@@ -61,6 +61,9 @@ class PackedBatch:
     indices: tuple[int, ...]  # position of each packed sequence in the caller's list
     # set: the model runs this layout instead (shared prefixes once); the fields above keep the packed order
     shared: SharedLayout | None = None
+    # set: bool [N], the tokens whose log-probs the caller reads (its loss tokens); the output head
+    # runs only on the positions that predict them, and the others may come back as 0
+    scored: torch.Tensor | None = None
 
     @property
     def n_seqs(self) -> int:
@@ -94,6 +97,7 @@ class PackedBatch:
             cu_seqlens=self.cu_seqlens.to(device),
             seq_ids=self.seq_ids.to(device),
             shared=self.shared.to(device) if self.shared is not None else None,
+            scored=self.scored.to(device) if self.scored is not None else None,
         )
 
 
@@ -190,9 +194,12 @@ def pack_in_one_row(sequences: Sequence[Sequence[int]], indices: Sequence[int], 
     )
 
 
-def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_kwargs: object) -> torch.Tensor:
+def packed_hidden_states(
+    model: torch.nn.Module, batch: PackedBatch, positions: torch.Tensor | None = None, **forward_kwargs: object
+) -> torch.Tensor:
     """Final (normed) decoder hidden states ``[N, hidden]`` of a HF causal LM over a packed batch,
-    in packed token order (padding dropped). ``forward_kwargs`` go to the model's forward (and
+    in packed token order (padding dropped); with ``positions`` (long, packed token positions), only
+    those tokens' states, in that order. ``forward_kwargs`` go to the model's forward (and
     from there to its attention calls). A batch with a :attr:`PackedBatch.shared` layout runs that
     layout instead (``areal_core/train/shared_prefix.py``).
 
@@ -235,7 +242,7 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, **forward_k
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder forward per model forward, saw {len(captured)}")
     hidden = captured[0]
-    return hidden.reshape(-1, hidden.shape[-1])[gather]
+    return hidden.reshape(-1, hidden.shape[-1])[gather if positions is None else gather[positions]]
 
 
 def _check_lengths(lengths: Sequence[int], names: Sequence[int] | None = None) -> None:
