@@ -238,6 +238,10 @@ class RewardConfig:
     timeout: float = attrs.field(default=15.0, validator=_gt(0))
     workers: int = attrs.field(default=1, validator=_ge(1))
     max_failure_rate: float = attrs.field(default=0.5, validator=[_ge(0), _le(1)])  # of calls; see rollout's
+    # DAPO's soft overlong punishment (areal_core/reward_shaping.py): answers longer than
+    # gconfig.max_new_tokens - overlong_buffer lose up to overlong_penalty of reward; 0 = off
+    overlong_buffer: int = attrs.field(default=0, validator=_ge(0))
+    overlong_penalty: float = attrs.field(default=1.0, validator=_ge(0))
 
 
 @frozen
@@ -574,6 +578,12 @@ def check_config(config: Config) -> None:
             "actor.eps_clip_higher",
             f"{config.actor.eps_clip_higher} is below actor.eps_clip={config.actor.eps_clip}; "
             "clip-higher must be >= eps_clip",
+        )
+    if config.reward.overlong_buffer > config.gconfig.max_new_tokens:
+        raise ConfigError(
+            "reward.overlong_buffer",
+            f"{config.reward.overlong_buffer} is more than gconfig.max_new_tokens={config.gconfig.max_new_tokens}; "
+            "give at most that",
         )
     _check_offpolicy(config.actor.offpolicy)
     _check_sequence_parallel(config)

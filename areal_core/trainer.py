@@ -450,14 +450,15 @@ class _Loop:
     def _train_on(self, batch: list[Trajectory], step: int) -> dict[str, float]:
         import torch
 
+        from areal_core.reward_shaping import shaped_rewards
         from areal_core.train.fsdp_policy import MINIBATCH_S
 
         planes = self.planes
-        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
+        rewards, stats = shaped_rewards(batch, self.config)
         prompt_index = {pid: i for i, pid in enumerate(dict.fromkeys(t.prompt_id for t in batch))}
         group_ids = torch.tensor([prompt_index[t.prompt_id] for t in batch])
         keep = planes.algorithm.filter_groups(rewards, group_ids)
-        stats: dict[str, float] = {"rollout/kept_fraction": float(keep.float().mean())}
+        stats["rollout/kept_fraction"] = float(keep.float().mean())
         if not bool(keep.any()):
             return stats
         batch = [t for t, k in zip(batch, keep.tolist()) if k]
