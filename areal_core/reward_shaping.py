@@ -2,7 +2,8 @@
 overlong punishment (Yu et al. 2025, "DAPO", eq. 13), ``reward.overlong_buffer`` and
 ``reward.overlong_penalty``.
 
-An answer is free up to ``max_new_tokens - buffer`` output tokens; past that its reward drops
+An answer (a trajectory's output tokens, every turn of a multi-turn one together) is free up to
+``max_new_tokens - buffer`` of them; past that its reward drops
 linearly, by ``penalty`` at ``max_new_tokens`` (a truncated answer) and no further. A group whose
 answers drift towards the budget then gets a signal towards ending, even when none is right.
 """
@@ -34,5 +35,8 @@ def shaped_rewards(batch: Sequence[Trajectory], config: Config) -> tuple[torch.T
         return rewards, {}
     lengths = torch.tensor([t.n_output_tokens for t in batch])
     penalty = overlong_penalty(lengths, config.gconfig.max_new_tokens, buffer, config.reward.overlong_penalty)
-    stats = {"reward/overlong_penalty": float(penalty.mean()), "reward/overlong_frac": float((penalty < 0).float().mean())}
+    stats = {
+        "reward/overlong_penalty": float(penalty.mean()),
+        "reward/overlong_frac": float((penalty < 0).float().mean()),
+    }
     return rewards + penalty, stats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_core.api.errors import ConfigError
@@ -13,6 +13,7 @@ from areal_core.config import load_config
 from areal_core.reward_shaping import overlong_penalty, shaped_rewards
 
 
+@settings(deadline=None)  # torch's first calls in a process can take longer than the default 200 ms
 @given(
     max_new=st.integers(1, 512),
     data=st.data(),
