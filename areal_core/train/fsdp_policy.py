@@ -272,14 +272,21 @@ class FSDPPolicy:
     def dp_rank(self) -> int:
         return self.rank // self.sp_size
 
-    def _pack(self, sequences: Sequence[Sequence[int]], indices: Sequence[int]) -> PackedBatch:
+    def _pack(
+        self, sequences: Sequence[Sequence[int]], indices: Sequence[int], scored: Sequence[Sequence[int]] | None = None
+    ) -> PackedBatch:
         """Rows of at most the longest sequence's width; with SP one row, split over the SP ranks;
-        with ``actor.share_prefixes`` one row of shared prefixes (shared_prefix.py)."""
+        with ``actor.share_prefixes`` one row of shared prefixes (shared_prefix.py). ``scored``
+        (per sequence, 0/1 per token) becomes :attr:`PackedBatch.scored`."""
         if self.sp is not None:
-            return pack_in_one_row(sequences, indices, self.sp_size)
-        if self.config.actor.share_prefixes:
-            return shared_prefix.pack_sharing_prefixes(sequences, indices, shared_prefix.MIN_PREFIX)
-        return pack(sequences, indices)
+            batch = pack_in_one_row(sequences, indices, self.sp_size)
+        elif self.config.actor.share_prefixes:
+            batch = shared_prefix.pack_sharing_prefixes(sequences, indices, shared_prefix.MIN_PREFIX)
+        else:
+            batch = pack(sequences, indices)
+        if scored is None:
+            return batch
+        return attrs.evolve(batch, scored=pack_per_token(scored, batch, torch.bool))
 
     @property
     def world_size(self) -> int:
@@ -334,12 +341,7 @@ class FSDPPolicy:
         bins, n_micro = self._micro_batches(sequences, self._my_share(lengths, range(len(sequences))))
         mine: dict[int, list[float]] = {}
         for k in range(n_micro):
-            if k < len(bins):
-                batch = self._pack(sequences, bins[k])
-                if scored is not None:
-                    batch = attrs.evolve(batch, scored=pack_per_token(scored, batch, torch.bool))
-            else:
-                batch = self._pack([_DUMMY_SEQUENCE], [0])
+            batch = self._pack(sequences, bins[k], scored) if k < len(bins) else self._pack([_DUMMY_SEQUENCE], [0])
             logp, _ = self._logprobs(self.model, batch, with_entropy=False)
             if k < len(bins):
                 for i, values in zip(batch.indices, logp.float().cpu().split(batch.seq_lens)):
@@ -459,11 +461,9 @@ class FSDPPolicy:
         """``fused_prox``: no update has happened yet this step, so this forward's detached
         log-probs are the proximal ones."""
         seqs = [t.input_ids for t in trajs]
-        batch = self._pack(seqs, indices)
+        batch = self._pack(seqs, indices, [t.loss_mask for t in trajs])  # the head runs for loss tokens only
         dev = self.device
-        mask = pack_per_token([t.loss_mask for t in trajs], batch, torch.bool)
-        batch = attrs.evolve(batch, scored=mask)  # the head runs for the loss tokens only
-        mask = mask.to(dev)
+        mask = batch.scored.to(dev)
         old = pack_per_token([t.logprobs for t in trajs], batch, torch.float32).to(dev)
         prox = pack_per_token(prox_logprobs, batch, torch.float32).to(dev) if prox_logprobs is not None else None
         adv = torch.tensor([advantages[i] for i in batch.indices], dtype=torch.float32)[batch.seq_ids].to(dev)
