@@ -44,10 +44,15 @@ def _per_scope_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.T
 
 
 def normalize_rewards(rewards: torch.Tensor, group_ids: torch.Tensor, spec: AdvantageSpec) -> torch.Tensor:
-    """Advantages ``(r - baseline) / (std + eps)`` per ``spec``, as a float tensor ``[B]``."""
-    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    """Advantages ``(r - baseline) / (std + eps)`` per ``spec``, as a float tensor ``[B]``.
+
+    The sums run in float64, where a scope of equal rewards has a baseline equal to each of them
+    and so advantages of exactly 0 (in float32, 7 x 0.1 averages to 0.1 - 1e-8, and dividing
+    that by a std of 1e-8 + eps made every advantage of the group -0.007)."""
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     if spec.scope == "none" or rewards.numel() == 0:
-        return rewards.clone()
+        return rewards.to(out_dtype, copy=True)
+    rewards = rewards.double()
     index, n = _scope_index(group_ids, spec.scope)
     count = _per_scope_sum(torch.ones_like(rewards), index, n)
     total = _per_scope_sum(rewards, index, n)
@@ -61,7 +66,7 @@ def normalize_rewards(rewards: torch.Tensor, group_ids: torch.Tensor, spec: Adva
     if spec.std_norm:
         std = (_per_scope_sum((rewards - mean) ** 2, index, n) / count).sqrt()
         advantages = advantages / (std + spec.eps)
-    return advantages
+    return advantages.to(out_dtype)
 
 
 def uniform_reward_samples(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
