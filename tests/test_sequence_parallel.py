@@ -75,7 +75,9 @@ def _worker(
             result["init"] = {n: p.full_tensor().detach().clone() for n, p in named if p.requires_grad}
             with torch.no_grad():
                 logp, entropy = engine._logprobs(engine.model, engine._pack(seqs, range(len(seqs))), with_entropy=True)
-            result.update(logp=logp, entropy=entropy, prox=engine.compute_logprobs(seqs))
+            masks = [t.loss_mask for t in trajs]
+            result.update(logp=logp, entropy=entropy, prox=engine.compute_logprobs(seqs), masks=masks,
+                          prox_scored=engine.compute_logprobs(seqs, scored=masks))
             result["stats"] = engine.ppo_update(trajs, adv, recompute_prox=True)
             result["grads"] = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters() if p.requires_grad}
             engine.save_checkpoint(str(Path(out).parent / f"ckpt-sp{sp}"))
@@ -128,7 +130,7 @@ def reference(model_path, tmp_path_factory) -> dict[str, Any]:
 def _assert_same_step(got: dict[str, Any], want: dict[str, Any]) -> None:
     torch.testing.assert_close(got["logp"], want["logp"], **TOL)
     torch.testing.assert_close(got["entropy"], want["entropy"], **TOL)
-    for a, b in zip(got["prox"], want["prox"]):
+    for a, b in zip(got["prox"] + got["prox_scored"], want["prox"] + want["prox_scored"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), **TOL)
     compared = ("loss", "grad_norm", "clip_frac", "masked_frac", "n_loss_tokens", "imp_weight_mean", "mismatch/abs_mean")
     for key in compared:
@@ -144,6 +146,9 @@ def test_two_ranks_equal_one(model_path, reference, tmp_path):
     got = _run(tmp_path, model_path, world=2, sp=2)
     assert 0 < got["stats"]["masked_frac"] < 0.5  # the behaviour weights act, and most tokens train
     _assert_same_step(got, reference)
+    # with the loss masks as scored tokens, the head runs on the answers alone: the rest comes back 0
+    for full, scored, mask in zip(got["prox"], got["prox_scored"], got["masks"]):
+        torch.testing.assert_close(torch.tensor(scored), torch.tensor([x * m for x, m in zip(full, mask)]), **TOL)
     # a checkpoint written at sp=2 loads at sp=1 (one rank) with the same parameters
     loaded = _run(tmp_path, model_path, world=1, sp=1, load=str(tmp_path / "ckpt-sp2"))
     for name, param in got["params"].items():

@@ -336,7 +336,7 @@ class FSDPPolicy:
         """Current-policy log-probs of each token sequence, aligned to tokens (0 at position 0).
 
         ``scored`` (per sequence, 0/1 per token: the loss masks): only those tokens' log-probs are
-        needed, and the others may come back as 0 (the output head skips them)."""
+        needed, and the others come back as 0 (the output head skips them)."""
         lengths = [len(s) for s in sequences]
         bins, n_micro = self._micro_batches(sequences, self._my_share(lengths, range(len(sequences))))
         mine: dict[int, list[float]] = {}

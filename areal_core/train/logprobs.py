@@ -77,11 +77,11 @@ def packed_token_logprobs(
         hidden, weight, ids[rows + 1], temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
     )
     if batch.scored is not None:
-        logp, entropy = (_spread(v, rows, n) for v in (logp, entropy))
+        logp, entropy = (spread_rows(v, rows, n) for v in (logp, entropy))
     return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
 
 
-def _spread(values: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
+def spread_rows(values: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
     """``values`` at ``rows`` of an ``[n]`` vector of zeros (differentiable)."""
     return None if values is None else values.new_zeros(n).index_copy(0, rows, values)
 

@@ -62,7 +62,7 @@ class PackedBatch:
     # set: the model runs this layout instead (shared prefixes once); the fields above keep the packed order
     shared: SharedLayout | None = None
     # set: bool [N], the tokens whose log-probs the caller reads (its loss tokens); the output head
-    # runs only on the positions that predict them, and the others may come back as 0
+    # runs only on the positions that predict them, and the others come back as 0
     scored: torch.Tensor | None = None
 
     @property

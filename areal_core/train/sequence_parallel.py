@@ -190,8 +190,9 @@ def sharded_token_logprobs(
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """:func:`areal_core.train.logprobs.packed_token_logprobs` of a one-row ``batch`` (see
-    :func:`areal_core.train.packing.pack_in_one_row`), this rank running its slice of the row."""
-    from areal_core.train.logprobs import align_to_tokens, token_logprobs, unsharded_head_weight
+    :func:`areal_core.train.packing.pack_in_one_row`), this rank running its slice of the row; with
+    :attr:`PackedBatch.scored`, the head only at this slice's positions that predict a scored token."""
+    from areal_core.train.logprobs import align_to_tokens, spread_rows, token_logprobs, unsharded_head_weight
     from areal_core.train.packing import packed_hidden_states
 
     columns = local_slice(batch, group)
@@ -202,14 +203,21 @@ def sharded_token_logprobs(
         position_ids=batch.position_ids[:, columns],
         tokens=torch.arange(n_local, device=batch.tokens.device),
     )
-    hidden = packed_hidden_states(model, local, **{SHARD_KWARG: Shard(group, row_segments(batch))})
-    row = batch.input_ids[0]
+    n, row = batch.n_tokens, batch.input_ids[0]
     labels = torch.cat([row[1:], row.new_zeros(1)])[columns]  # the token each position predicts
+    rows = None  # this slice's positions that run the head: all, or those predicting a scored token
+    if batch.scored is not None:
+        predicts_scored = torch.zeros_like(row, dtype=torch.bool)
+        predicts_scored[: n - 1] = batch.scored[1:]
+        rows = predicts_scored[columns].nonzero().squeeze(1)
+        labels = labels[rows]
+    hidden = packed_hidden_states(model, local, rows, **{SHARD_KWARG: Shard(group, row_segments(batch))})
     logp, entropy = token_logprobs(
         hidden, unsharded_head_weight(model), labels, temperature=temperature, chunk_size=chunk_size,
         with_entropy=with_entropy,
     )  # fmt: skip
-    n = batch.n_tokens
+    if rows is not None:
+        logp, entropy = (spread_rows(v, rows, n_local) for v in (logp, entropy))
     logp = gather_tokens(logp, group)[: n - 1]
     entropy = gather_tokens(entropy, group)[: n - 1] if entropy is not None else None
     return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
