@@ -91,7 +91,8 @@ class RolloutConfig:
     devices_per_server: int = attrs.field(default=1, validator=_ge(1))
     threads_per_server: int = attrs.field(default=1, validator=_ge(1))
     # CPU cores (as os.sched_getaffinity numbers them) every server and its threads are pinned to,
-    # local scheduler only; empty: not pinned. With actor.cpus: servers and trainers on their own cores
+    # local scheduler only; empty: not pinned. With actor.cpus: servers and trainers on their own
+    # cores, and the controller (its requests, its reward workers) on the servers' ones
     cpus: list[int] = attrs.Factory(list)
     max_concurrent_rollouts: int = attrs.field(default=64, validator=_ge(1))
     max_head_offpolicyness: int = attrs.field(default=2, validator=_ge(0))

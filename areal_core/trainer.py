@@ -191,12 +191,15 @@ class Planes:
         from areal_core.control_endpoint import ControlServer
         from areal_core.rollout.fleet import ServerFleet
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
-        from areal_core.scheduler import make_scheduler
+        from areal_core.scheduler import controller_cpus, make_scheduler
+        from areal_core.scheduler.local import pinned
         from areal_core.train.worker_group import TrainWorkerGroup
 
         config = self.config
         self._stack = ExitStack()
         try:
+            if cpus := controller_cpus(config):  # before the reward workers start: they inherit it
+                self._stack.enter_context(pinned(cpus))
             self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
             self.rewards = self._stack.enter_context(self._start_rewards())
             say(

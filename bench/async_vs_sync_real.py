@@ -17,6 +17,9 @@ the wall seconds (from launch, start-up included) to reach the synchronous run's
 Then per layout the speed-up (synchronous seconds per step / asynchronous) and the overlap bound
 from the synchronous run: (generation + training) / max(generation, training) per step, with the
 share of the bound reached; with ``--repeats`` N, min/median/max over seeds ``--first-seed``...
+Answers shorten over the first steps, and an asynchronous run samples from weights one step
+older, so its steps carry longer answers (more work); the speed-up in answer tokens per second
+(sampled and trained) is printed beside the one per step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 from pathlib import Path
 
@@ -49,6 +53,7 @@ def run(layout: str, staleness: int, seed: int, steps: int, out: Path, extra: li
         "step_s": statistics.mean(r["time/step_s"] for r in rest),
         "wait_s": statistics.mean(r["time/rollout_wait_s"] for r in rest),
         "train_s": statistics.mean(r["time/train_s"] + r["time/weight_update_s"] for r in rest),
+        "answer_tokens": statistics.mean(r["perf/output_tokens"] for r in rest),
         "curve": eval_points(run_dir, launched),
     }
 
@@ -75,7 +80,8 @@ def main() -> None:
     for seed in range(opts.first_seed, opts.first_seed + opts.repeats):
         for layout in opts.layouts:
             for staleness in (0, opts.staleness):
-                done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}{''.join('-' + o for o in opts.set)}.json"
+                overrides = "".join("-" + re.sub(r"[^\w.=,-]+", "_", o) for o in opts.set)  # a path's / too
+                done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}{overrides}.json"
                 if not done.exists():  # a rerun with the same --out skips finished runs
                     print(f"seed {seed} {layout} max_head_offpolicyness={staleness} ...", flush=True)
                     done.write_text(json.dumps(run(layout, staleness, seed, opts.steps, opts.out, opts.set)))
@@ -83,8 +89,8 @@ def main() -> None:
     seeds = range(opts.first_seed, opts.first_seed + opts.repeats)
     print(f"\njob: {CONFIG.relative_to(REPO)}, {opts.steps} steps; asynchronous: max_head_offpolicyness="
           f"{opts.staleness}; seconds per step from step 2 on\n")
-    print(f"{'layout':<8}{'mode':<7}{'seed':>5}{'s/step':>8}{'wait s':>8}{'train s':>9}{'before':>8}{'after':>7}"
-          f"{'s to sync final':>17}")
+    print(f"{'layout':<8}{'mode':<7}{'seed':>5}{'s/step':>8}{'wait s':>8}{'train s':>9}{'answer tok':>11}"
+          f"{'before':>8}{'after':>7}{'s to sync final':>17}")
     for layout in opts.layouts:
         for staleness in (0, opts.staleness):
             for seed in seeds:
@@ -92,7 +98,8 @@ def main() -> None:
                 hit = seconds_to(r["curve"], sync_curve[-1][2]) if sync_curve and r["curve"] else None
                 accuracy = f"{r['curve'][0][2]:>8.3f}{r['curve'][-1][2]:>7.3f}" if r["curve"] else f"{'-':>8}{'-':>7}"
                 print(f"{layout:<8}{'sync' if staleness == 0 else 'async':<7}{seed:>5}{r['step_s']:>8.1f}"
-                      f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{accuracy}{'-' if hit is None else format(hit, '.0f'):>17}")
+                      f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{r['answer_tokens']:>11.0f}{accuracy}"
+                      f"{'-' if hit is None else format(hit, '.0f'):>17}")
     print("\nper layout, over seeds (min/median/max): speed-up = sync s/step / async s/step; bound = the sync "
           "run's (wait + train) / max(wait, train)")
     for layout in opts.layouts:
@@ -101,8 +108,10 @@ def main() -> None:
         speedup = [a["step_s"] / b["step_s"] for a, b in zip(sync, fast)]
         bound = [(a["wait_s"] + a["train_s"]) / max(a["wait_s"], a["train_s"]) for a in sync]
         share = [s / b for s, b in zip(speedup, bound)]
+        per_token = [(b["answer_tokens"] / b["step_s"]) / (a["answer_tokens"] / a["step_s"]) for a, b in zip(sync, fast)]
         print(f"  {layout:<7} speed-up {spread(speedup, '{:.2f}')}, bound {spread(bound, '{:.2f}')}, "
-              f"share of bound {spread(share, '{:.2f}')} (goal: speed-up >= 1.5 and >= 0.90 of the bound)")
+              f"share of bound {spread(share, '{:.2f}')} (goal: speed-up >= 1.5 and >= 0.90 of the bound); "
+              f"in answer tokens per second {spread(per_token, '{:.2f}')}")
     if {"split", "shared"} <= set(opts.layouts):  # what the example ships (sync, shared) against async, split
         ratio = [results["shared", 0, s]["step_s"] / results["split", opts.staleness, s]["step_s"] for s in seeds]
         print(f"  sync shared s/step / async split s/step: {spread(ratio, '{:.2f}')}")

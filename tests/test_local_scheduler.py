@@ -1,11 +1,14 @@
 """The local scheduler stops a process's whole group, also after its leader died first (a SIGKILLed
-vLLM server leaves its engine-core child running otherwise), and pins a process to its ``cpus``."""
+vLLM server leaves its engine-core child running otherwise), and pins a process to its ``cpus``; the
+controller runs on the servers' cores when both planes are pinned."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +16,9 @@ import pytest
 
 from areal_core.api.scheduler import ProcessSpec
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
-from areal_core.scheduler.local import LocalScheduler
+from areal_core.config import load_config
+from areal_core.scheduler import controller_cpus
+from areal_core.scheduler.local import LocalScheduler, pinned
 
 # The leader starts a child that outlives it (as vLLM's EngineCore does), writes its pid, then waits.
 _PARENT = """
@@ -84,3 +89,35 @@ def test_a_process_runs_on_its_cpus_with_its_threads_and_children(tmp_path):
         scheduler.stop_all()
     assert eval(out.read_text()) == [list(cpus)] * 3
     assert eval((tmp_path / "free").read_text()) == [available] * 3
+
+
+def test_pinned_moves_every_thread_and_what_starts_meanwhile_then_restores_them():
+    available = os.sched_getaffinity(0)
+    cpus = {max(available)}
+    release, seen = threading.Event(), {}
+    running = threading.Thread(target=release.wait)  # started before: Linux pins threads one by one
+    running.start()
+    try:
+        with pinned(sorted(cpus)):
+            seen["main"] = os.sched_getaffinity(0)
+            seen["running"] = os.sched_getaffinity(running.native_id)
+            started = threading.Thread(target=lambda: seen.update(started=os.sched_getaffinity(0)))
+            started.start()
+            started.join()
+            child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                                   capture_output=True, text=True, check=True)  # fmt: skip
+            seen["child"] = set(eval(child.stdout))
+        after = {"main": os.sched_getaffinity(0), "running": os.sched_getaffinity(running.native_id)}
+    finally:
+        release.set()
+        running.join()
+    assert seen == dict.fromkeys(("main", "running", "started", "child"), cpus)
+    assert after == dict.fromkeys(("main", "running"), available)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [([], ()), (["rollout.cpus=[0]"], ()), (["actor.cpus=[0]"], ()), (["rollout.cpus=[0]", "actor.cpus=[0]"], (0,))],
+)
+def test_the_controller_runs_on_the_servers_cores_when_both_planes_are_pinned(overrides, expected):
+    assert controller_cpus(load_config(None, overrides)) == expected

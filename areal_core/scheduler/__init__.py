@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from areal_core.config import Config
     from areal_core.api.platform import Platform
 
-__all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "make_scheduler"]
+__all__ = ["ProcessDiedError", "ProcessHandle", "ProcessSpec", "Scheduler", "controller_cpus", "make_scheduler"]
 
 
 def make_scheduler(config: Config, platform: Platform) -> Scheduler:
@@ -22,3 +22,10 @@ def make_scheduler(config: Config, platform: Platform) -> Scheduler:
     from areal_core.scheduler.local import LocalScheduler
 
     return LocalScheduler(platform, config.cluster.bind_host)
+
+
+def controller_cpus(config: Config) -> tuple[int, ...]:
+    """The cores the controller runs on: ``rollout.cpus`` when ``actor.cpus`` is set too (its work,
+    streaming requests and scoring rewards, is the rollout plane's, and the trainers' cores stay
+    theirs alone); () otherwise (not pinned)."""
+    return tuple(config.rollout.cpus) if config.rollout.cpus and config.actor.cpus else ()

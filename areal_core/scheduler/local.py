@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import time
 import weakref
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from areal_core.api.errors import ArealError
 from areal_core.api.platform import Platform
@@ -68,6 +69,24 @@ def _prepare_child(cpus: tuple[int, ...]) -> None:
     die_with_parent()
     if cpus:
         os.sched_setaffinity(0, cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: Sequence[int]) -> Iterator[None]:
+    """Every thread of this process, and every thread or process it starts meanwhile, on ``cpus``;
+    after, each thread back on the cores the process had before (Linux pins threads one by one)."""
+    before = os.sched_getaffinity(0)
+    _pin_threads(cpus)
+    try:
+        yield
+    finally:
+        _pin_threads(before)
+
+
+def _pin_threads(cpus: Sequence[int] | set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def spawn(
