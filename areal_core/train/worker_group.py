@@ -17,7 +17,7 @@ import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from areal_core.api.devices import trainer_devices
 from areal_core.api.errors import ArealError, ProcessFailedError
@@ -48,6 +48,17 @@ if TYPE_CHECKING:
 
 _POLL_S = 0.2
 _PEER_GRACE_S = 2.0  # after a worker's error, how long to wait for a peer's death to show
+# glibc's malloc gives blocks over its mmap threshold (128 KB to 32 MB) back to the kernel when
+# freed, and trims the heap's top: every train step then faulted its activations and logit chunks
+# in afresh, page by page (SmolLM2: about 600,000 page faults a step, a fifth of a one-thread
+# trainer's time in the kernel). With no mmap and no trim the heap keeps them: no faults after the
+# first step, and a step 1.1x faster. Only where the user's environment sets no GLIBC_TUNABLES.
+MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+
+
+def malloc_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``GLIBC_TUNABLES`` for a training worker: :data:`MALLOC_TUNABLES`, unless ``environ`` has its own."""
+    return {} if "GLIBC_TUNABLES" in environ else {"GLIBC_TUNABLES": MALLOC_TUNABLES}
 
 
 class TrainWorkerError(ProcessFailedError):
@@ -108,6 +119,7 @@ class TrainWorkerGroup:
             "MASTER_ADDR": HOST,
             "MASTER_PORT": PORT,
             "AREAL_ACTIVE_PLATFORM": self.platform.name,
+            **malloc_env(os.environ),
         }
         for rank in range(self.world_size):
             if rank == 1:
