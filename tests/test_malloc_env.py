@@ -26,7 +26,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults_on_reuse(extra_env: dict[str, str]) -> int:
+def _faults_over_steps(extra_env: dict[str, str]) -> int:
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | extra_env
     out = subprocess.run([sys.executable, "-c", _STEPS], env=env, capture_output=True, text=True, check=True)
     return int(out.stdout)
@@ -34,7 +34,7 @@ def _faults_on_reuse(extra_env: dict[str, str]) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc tunables")
 def test_memory_freed_by_a_step_is_reused_without_faulting_it_in_again():
-    default, kept = _faults_on_reuse({}), _faults_on_reuse(malloc_env({}))
+    default, kept = _faults_over_steps({}), _faults_over_steps(malloc_env({}))
     assert default > 100_000  # glibc's default: about 110,000 fresh pages a step (here 5 x 440 MB)
     assert kept < default / 10, (kept, default)
 

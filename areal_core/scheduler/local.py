@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 import weakref
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from areal_core.api.errors import ArealError
 from areal_core.api.platform import Platform
@@ -83,7 +83,7 @@ def pinned(cpus: Sequence[int]) -> Iterator[None]:
         _pin_threads(before)
 
 
-def _pin_threads(cpus: Sequence[int] | set[int]) -> None:
+def _pin_threads(cpus: Iterable[int]) -> None:
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), cpus)

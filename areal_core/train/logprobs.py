@@ -70,7 +70,7 @@ def packed_token_logprobs(
     n = ids.shape[0] - 1
     # the state at packed position t predicts ids[t + 1]; values that cross a sequence boundary
     # are masked to 0 below
-    rows = torch.arange(n, device=ids.device) if batch.scored is None else batch.scored[1:].nonzero().squeeze(1)
+    rows = torch.arange(n, device=ids.device) if batch.scored is None else predicting_scored(batch)
     hidden = packed_hidden_states(model, batch, rows)
     weight = unsharded_head_weight(model)
     logp, entropy = token_logprobs(
@@ -79,6 +79,11 @@ def packed_token_logprobs(
     if batch.scored is not None:
         logp, entropy = (spread_rows(v, rows, n) for v in (logp, entropy))
     return align_to_tokens(logp, batch), align_to_tokens(entropy, batch)
+
+
+def predicting_scored(batch: PackedBatch) -> torch.Tensor:
+    """The packed positions (long) whose state predicts a token of :attr:`PackedBatch.scored`."""
+    return batch.scored[1:].nonzero().squeeze(1)
 
 
 def spread_rows(values: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:

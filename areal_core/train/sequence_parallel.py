@@ -192,7 +192,9 @@ def sharded_token_logprobs(
     """:func:`areal_core.train.logprobs.packed_token_logprobs` of a one-row ``batch`` (see
     :func:`areal_core.train.packing.pack_in_one_row`), this rank running its slice of the row; with
     :attr:`PackedBatch.scored`, the head only at this slice's positions that predict a scored token."""
-    from areal_core.train.logprobs import align_to_tokens, spread_rows, token_logprobs, unsharded_head_weight
+    from areal_core.train.logprobs import (
+        align_to_tokens, predicting_scored, spread_rows, token_logprobs, unsharded_head_weight,
+    )
     from areal_core.train.packing import packed_hidden_states
 
     columns = local_slice(batch, group)
@@ -207,9 +209,8 @@ def sharded_token_logprobs(
     labels = torch.cat([row[1:], row.new_zeros(1)])[columns]  # the token each position predicts
     rows = None  # this slice's positions that run the head: all, or those predicting a scored token
     if batch.scored is not None:
-        predicts_scored = torch.zeros_like(row, dtype=torch.bool)
-        predicts_scored[: n - 1] = batch.scored[1:]
-        rows = predicts_scored[columns].nonzero().squeeze(1)
+        rows = predicting_scored(batch)
+        rows = rows[(rows >= columns.start) & (rows < columns.stop)] - columns.start
         labels = labels[rows]
     hidden = packed_hidden_states(model, local, rows, **{SHARD_KWARG: Shard(group, row_segments(batch))})
     logp, entropy = token_logprobs(
