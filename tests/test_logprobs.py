@@ -3,7 +3,7 @@ log-probs are aligned to tokens, and both work on a real FSDP2-sharded model.
 
 Tolerances: fp32 throughout, atol 1e-5 / rtol 1e-5 against the naive computation (the two differ
 only in summation order); bf16 weights are compared with the naive result on the same bf16 values
-upcast to fp32, gradients at bf16 resolution (rtol 1e-2).
+upcast to fp32, gradients (whose matmuls then run in bf16) at bf16 resolution (rtol 1e-2).
 """
 
 from __future__ import annotations
@@ -64,10 +64,12 @@ def _chunked(hidden, weight, labels, **kw):
     chunk=st.integers(1, 50),
     temperature=st.sampled_from([1.0, 0.7, 1.3]),
     seed=st.integers(0, 2**16),
+    keep_bytes=st.sampled_from([0, 2**20]),  # recompute the log-softmax in backward, or keep it
 )
-def test_matches_naive_values_entropy_and_grads(n, v, chunk, temperature, seed):
+def test_matches_naive_values_entropy_and_grads(n, v, chunk, temperature, seed, keep_bytes):
     hidden, weight, labels = _inputs(n, v, 16, seed)
-    got = _grads(_chunked, hidden, weight, labels, seed, temperature=temperature, chunk_size=chunk)
+    options = {"temperature": temperature, "chunk_size": chunk, "keep_bytes": keep_bytes}
+    got = _grads(_chunked, hidden, weight, labels, seed, **options)
     want = _grads(naive_token_logprobs, hidden, weight, labels, seed, temperature=temperature)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
@@ -104,9 +106,25 @@ def test_logprob_only_and_entropy_only_gradients():
     torch.testing.assert_close(gw, weight.grad, **TOL)
 
 
-def test_bf16_inputs_are_computed_in_fp32():
+def test_a_kept_log_softmax_replaces_the_recomputation(monkeypatch):
+    """Within ``keep_bytes`` the backward runs no logits matmul; over it, one per chunk."""
+    from areal_core.train import logprobs
+
+    calls = []
+    real = logprobs._logits
+    monkeypatch.setattr(logprobs, "_logits", lambda *a: calls.append(1) or real(*a))
+    hidden, weight, labels = _inputs(12, 30, 8, seed=2)
+    for keep_bytes, backward_calls in ((12 * 30 * 4, 0), (12 * 30 * 4 - 1, 3)):
+        logp, _ = token_logprobs(hidden, weight, labels, chunk_size=5, keep_bytes=keep_bytes)
+        calls.clear()
+        logp.sum().backward()
+        assert len(calls) == backward_calls
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 2**20])
+def test_bf16_inputs_are_computed_in_fp32(keep_bytes):
     hidden, weight, labels = _inputs(24, 40, 16, seed=7, dtype=torch.bfloat16)
-    logp, ent, gh, gw = _grads(_chunked, hidden, weight, labels, 7, chunk_size=5)
+    logp, ent, gh, gw = _grads(_chunked, hidden, weight, labels, 7, chunk_size=5, keep_bytes=keep_bytes)
     assert logp.dtype == torch.float32 and gh.dtype == gw.dtype == torch.bfloat16
     ref = [t.detach().float().requires_grad_() for t in (hidden, weight)]
     want = _grads(naive_token_logprobs, ref[0], ref[1], labels, 7)

@@ -59,9 +59,10 @@ class _PolicyRoot(nn.Module):
         self.sp = sp
 
     def forward(
-        self, batch: PackedBatch, temperature: float, chunk_size: int, with_entropy: bool
+        self, batch: PackedBatch, temperature: float, chunk_size: int, keep_bytes: int, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        options = {"temperature": temperature, "chunk_size": chunk_size, "with_entropy": with_entropy}
+        options = {"temperature": temperature, "chunk_size": chunk_size, "keep_bytes": keep_bytes,
+                   "with_entropy": with_entropy}  # fmt: skip
         if self.sp is not None:
             return sharded_token_logprobs(self.lm, batch, self.sp, **options)
         return packed_token_logprobs(self.lm, batch, **options)
@@ -308,8 +309,10 @@ class FSDPPolicy:
     def _logprobs(
         self, model: nn.Module, batch: PackedBatch, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        chunk = self.config.actor.logprob_chunk_size
-        return model(batch.to(self.device), self.config.gconfig.temperature, chunk, with_entropy)
+        actor = self.config.actor
+        keep_bytes = actor.logprob_keep_mb * 2**20
+        return model(batch.to(self.device), self.config.gconfig.temperature, actor.logprob_chunk_size, keep_bytes,
+                     with_entropy)  # fmt: skip
 
     def _micro_batches(self, sequences: Sequence[Sequence[int]], mine: list[int]) -> tuple[list[list[int]], int]:
         """FFD bins (global indices) of this rank's sequences (by their size after sharing, with

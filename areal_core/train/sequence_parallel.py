@@ -187,7 +187,7 @@ def local_slice(batch: PackedBatch, group: SPGroup) -> slice:
 
 def sharded_token_logprobs(
     model: torch.nn.Module, batch: PackedBatch, group: SPGroup, *, temperature: float, chunk_size: int,
-    with_entropy: bool,
+    with_entropy: bool, keep_bytes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """:func:`areal_core.train.logprobs.packed_token_logprobs` of a one-row ``batch`` (see
     :func:`areal_core.train.packing.pack_in_one_row`), this rank running its slice of the row; with
@@ -215,7 +215,7 @@ def sharded_token_logprobs(
     hidden = packed_hidden_states(model, local, rows, **{SHARD_KWARG: Shard(group, row_segments(batch))})
     logp, entropy = token_logprobs(
         hidden, unsharded_head_weight(model), labels, temperature=temperature, chunk_size=chunk_size,
-        with_entropy=with_entropy,
+        with_entropy=with_entropy, keep_bytes=keep_bytes,
     )  # fmt: skip
     if rows is not None:
         logp, entropy = (spread_rows(v, rows, n_local) for v in (logp, entropy))
