@@ -99,32 +99,30 @@ def micro_batches(sequences: Sequence[Sequence[int]], budget: int, min_prefix: i
 
 
 @attrs.frozen(eq=False)
-class LaidOut:
-    """One cluster in the row: its prefix's ``[start, end)``, each member's remainder's, and for
-    each remainder the mask over (prefix, remainder) keys: all of the prefix, its own causally."""
-
-    prefix: tuple[int, int]
-    rests: tuple[tuple[int, int], ...]
-    masks: tuple[torch.Tensor, ...]  # bool [rest, prefix + rest]
-
-
-@attrs.frozen(eq=False)
 class SharedLayout:
-    """The model's input for a micro-batch with shared prefixes: one row of ``C`` tokens."""
+    """The model's input for a micro-batch with shared prefixes: one row of ``C`` tokens, and the
+    attention calls over it, in row order: each cluster's prefix (causal over itself), then each
+    member's remainder (over the prefix's keys and its own: all of the prefix, its own causally).
+
+    A call's queries are the next ``query_sizes[i]`` row tokens; its keys are the next
+    ``key_sizes[i]`` entries of ``key_index`` (row positions)."""
 
     input_ids: torch.Tensor  # long [1, C]
     position_ids: torch.Tensor  # long [1, C]
     expand: torch.Tensor  # long [N]: the row position of each packed token (packed order)
-    clusters: tuple[LaidOut, ...]  # in row order
+    query_sizes: tuple[int, ...]  # sums to C
+    key_index: torch.Tensor  # long [sum(key_sizes)]
+    key_sizes: tuple[int, ...]
+    masks: tuple[torch.Tensor | None, ...]  # bool [queries, keys]; None: causal (a prefix)
 
     def to(self, device: torch.device | str) -> SharedLayout:
-        clusters = tuple(attrs.evolve(c, masks=tuple(m.to(device) for m in c.masks)) for c in self.clusters)
         return attrs.evolve(
             self,
             input_ids=self.input_ids.to(device),
             position_ids=self.position_ids.to(device),
             expand=self.expand.to(device),
-            clusters=clusters,
+            key_index=self.key_index.to(device),
+            masks=tuple(None if m is None else m.to(device) for m in self.masks),
         )
 
 
@@ -133,27 +131,36 @@ def shared_layout(sequences: Sequence[Sequence[int]], clusters: Sequence[Cluster
     ids: list[int] = []
     positions: list[int] = []
     expand: dict[int, list[int]] = {}  # sequence -> the row position of each of its tokens
-    laid_out = []
+    query_sizes: list[int] = []
+    keys: list[list[int]] = []
+    masks: list[torch.Tensor | None] = []
     for cluster in clusters:
         start, p = len(ids), cluster.prefix
+        prefix = list(range(start, start + p))
         ids += sequences[cluster.members[0]][:p]
         positions += range(p)
-        rests, masks = [], []
+        query_sizes.append(p)
+        keys.append(prefix)
+        masks.append(None)
         for i in cluster.members:
             rest = sequences[i][p:]
-            expand[i] = list(range(start, start + p)) + list(range(len(ids), len(ids) + len(rest)))
+            own = list(range(len(ids), len(ids) + len(rest)))
+            expand[i] = prefix + own
             if rest:
-                rests.append((len(ids), len(ids) + len(rest)))
-                own = torch.ones(len(rest), len(rest), dtype=torch.bool).tril()
-                masks.append(torch.cat([torch.ones(len(rest), p, dtype=torch.bool), own], dim=1))
+                query_sizes.append(len(rest))
+                keys.append(prefix + own)
+                causal = torch.ones(len(rest), len(rest), dtype=torch.bool).tril()
+                masks.append(torch.cat([torch.ones(len(rest), p, dtype=torch.bool), causal], dim=1))
             ids += rest
             positions += range(p, p + len(rest))
-        laid_out.append(LaidOut(prefix=(start, start + p), rests=tuple(rests), masks=tuple(masks)))
     return SharedLayout(
         input_ids=torch.tensor(ids, dtype=torch.long)[None],
         position_ids=torch.tensor(positions, dtype=torch.long)[None],
         expand=torch.tensor([t for i in range(len(sequences)) for t in expand[i]], dtype=torch.long),
-        clusters=tuple(laid_out),
+        query_sizes=tuple(query_sizes),
+        key_index=torch.tensor([t for k in keys for t in k], dtype=torch.long),
+        key_sizes=tuple(map(len, keys)),
+        masks=tuple(masks),
     )
 
 
@@ -193,14 +200,13 @@ def shared_prefix_attention(
         )
     options = {"dropout_p": dropout, "scale": scaling, "enable_gqa": query.shape[1] != key.shape[1]}
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    outs = []
-    for cluster in layout.clusters:  # row order: each prefix, then its members' remainders
-        a, b = cluster.prefix
-        outs.append(sdpa(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, **options))
-        for (r0, r1), mask in zip(cluster.rests, cluster.masks):
-            keys = torch.cat([key[:, :, a:b], key[:, :, r0:r1]], dim=2)
-            values = torch.cat([value[:, :, a:b], value[:, :, r0:r1]], dim=2)
-            outs.append(sdpa(query[:, :, r0:r1], keys, values, attn_mask=mask, **options))
+    # One split and one gather per tensor, not a slice per call: each slice's backward would fill a
+    # whole-row gradient with zeros and add it up, a whole row per call.
+    queries = query.split(layout.query_sizes, dim=2)
+    keys = key.index_select(2, layout.key_index).split(layout.key_sizes, dim=2)
+    values = value.index_select(2, layout.key_index).split(layout.key_sizes, dim=2)
+    outs = [sdpa(q, k, v, attn_mask=mask, is_causal=mask is None, **options)
+            for q, k, v, mask in zip(queries, keys, values, layout.masks)]  # fmt: skip
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return out.transpose(1, 2), None
 
