@@ -139,7 +139,7 @@ def unsharded_head_weight(model: torch.nn.Module) -> torch.Tensor:
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
-    """Chunked ``log_softmax`` gather (+ entropy) with recompute-in-backward; see module docstring."""
+    """Chunked ``log_softmax`` gather (+ entropy), the log-softmax kept for or recomputed in backward; see module docstring."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, keep_bytes):
