@@ -139,7 +139,8 @@ def unsharded_head_weight(model: torch.nn.Module) -> torch.Tensor:
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
-    """Chunked ``log_softmax`` gather (+ entropy), the log-softmax kept for or recomputed in backward; see module docstring."""
+    """Chunked ``log_softmax`` gather (+ entropy), the log-softmax kept for or recomputed in
+    backward; see the module docstring."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, keep_bytes):
@@ -171,7 +172,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         w = weight.float() if kept is None else None  # the fp32 copy only where logits are recomputed
         w_mm = weight.to(mm_dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for lo, hi in _chunks(hidden.shape[0], ctx.chunk_size):
             g_lp = None if grad_logp is None else grad_logp[lo:hi, None].float()
             g_ent = None if grad_entropy is None else grad_entropy[lo:hi, None].float()
