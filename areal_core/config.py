@@ -231,8 +231,9 @@ class ActorConfig:
     recompute_logprobs: bool = True  # proximal log-probs before the update (decoupled PPO)
     logprob_chunk_size: int = attrs.field(default=1024, validator=_ge(1))
     # a micro-batch's [tokens, vocab] fp32 log-softmax up to this size is kept from forward to
-    # backward instead of recomputed chunk by chunk (a fourth of the head's matmuls); 0 = recompute
-    logprob_keep_mb: int = attrs.field(default=1024, validator=_ge(0))
+    # backward instead of recomputed chunk by chunk (a fourth of the head's matmuls); 0 = recompute.
+    # Measured faster with share_prefixes (SmolLM2 example), slower without (issue 44's notes)
+    logprob_keep_mb: int = attrs.field(default=0, validator=_ge(0))
     lora: LoraConfig | None = None  # set (e.g. `actor.lora: {rank: 16}`) to train LoRA adapters only
 
 
