@@ -51,8 +51,9 @@ def token_logprobs(
         raise ValueError(f"need hidden [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
     if labels.shape != hidden.shape[:1]:
         raise ValueError(f"labels {tuple(labels.shape)} must be [N] with N={hidden.shape[0]}")
-    keep_bytes = keep_bytes if torch.is_grad_enabled() else 0  # no backward will come
-    logp, entropy = _ChunkedLogProbs.apply(hidden, weight, labels, temperature, chunk_size, with_entropy, keep_bytes)
+    backward = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    keep = backward and hidden.shape[0] * weight.shape[0] * 4 <= keep_bytes
+    logp, entropy = _ChunkedLogProbs.apply(hidden, weight, labels, temperature, chunk_size, with_entropy, keep)
     return logp, entropy if with_entropy else None
 
 
@@ -143,12 +144,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
     backward; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, keep_bytes):
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, keep):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, labels)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         n, v = hidden.shape[0], weight.shape[0]
-        keep = any(ctx.needs_input_grad[:2]) and n * v * 4 <= keep_bytes
         ctx.log_softmax = hidden.new_empty((n, v), dtype=torch.float32) if keep else None
         w = weight.float()
         logp = hidden.new_empty(n, dtype=torch.float32)
