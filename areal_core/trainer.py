@@ -4,8 +4,9 @@ Each step: ``prepare_batch`` (rollouts keep flowing between steps, bounded by th
 advantages -> PPO minibatches on the FSDP2 workers (which take the proximal log-probs when the
 algorithm needs them, from the update's own forward when there is one minibatch) -> the updater's
 own part of the update while generation goes on (``stage``, where it can), pause generation,
-``weight_updater.update(v+1)``, bump the version, resume -> stats, evaluation,
-checkpoints and recover points on their schedules. ``time/*`` stats say where each step went;
+``weight_updater.update(v+1)``, bump the version, resume (in asynchronous runs on a thread while
+the next step trains: :mod:`areal_core.weight_publisher`) -> stats, evaluation, checkpoints and
+recover points on their schedules. ``time/*`` stats say where each step went;
 ``timeline.jsonl`` records each phase and the rollout concurrency (:mod:`areal_core.timeline`).
 """
 
@@ -27,7 +28,7 @@ import attrs
 from areal_core.api.errors import PluginError
 from areal_core.api.stats_sink import SampleRow, SinkRun
 from areal_core.config import Config, DatasetConfig, dump_yaml, to_dict
-from areal_core.controller_tuning import collect_all_soon, controller_tuning
+from areal_core.controller_tuning import controller_tuning
 from areal_core.plugins import Plugins, load_plugins
 from areal_core.process_memory import peak_rss_by_group, render_peaks
 from areal_core.recover import RecoverInfo, RecoverStore, check_fingerprint, fingerprint
@@ -38,6 +39,7 @@ from areal_core.sample_tables import eval_rows, train_rows
 from areal_core.sink_runner import RunStats
 from areal_core.api.workflow import Workflow
 from areal_core.timeline import Timeline, open_timeline
+from areal_core.weight_publisher import WeightPublisher
 from areal_core.api.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -308,7 +310,6 @@ class _Loop:
         self.fixed = fixed  # the fingerprint each recover point stores
         self.run_dir = config.run_dir
         self.timeline = Timeline(None)  # replaced by the run's recorder in run()
-        self.aborted_updates = 0  # weight updates that left the servers on their previous weights
         self.eval_failures = FailureCounts()  # held-out episodes of every evaluation so far
         self.train_items_by_id = {str(item["id"]): item for item in train_items}  # the sample tables' prompts
 
@@ -341,6 +342,8 @@ class _Loop:
         the item's gold ``answer``, if it has one). An episode that fails scores 0, its error in
         its row and one line for all of them."""
         import asyncio
+
+        self.publisher.wait()  # on the version just published
 
         async def one(item: dict[str, Any]) -> Trajectory | Exception:
             try:
@@ -409,13 +412,18 @@ class _Loop:
             return []
         return train_rows(step, batch, self.train_items_by_id, self.config.stats.samples)
 
-    def _next_batch(self, step: int) -> list[Trajectory]:
-        """``prepare_batch``, checking between waits that the workers are up and servers are serving,
-        and reporting failures meanwhile (a step whose episodes keep failing may never come)."""
+    def _next_batch(self, step: int, version: int) -> list[Trajectory]:
+        """``prepare_batch`` for the trainer's ``version``, checking between waits that the workers are
+        up and servers are serving, and reporting failures meanwhile (a step whose episodes keep
+        failing may never come)."""
         while True:
             try:
                 return self.rollout.prepare_batch(
-                    self.loader, self.workflow, self.config.train_dataset.batch_size, timeout=LIVENESS_POLL_S
+                    self.loader,
+                    self.workflow,
+                    self.config.train_dataset.batch_size,
+                    timeout=LIVENESS_POLL_S,
+                    trainer_version=version,
                 )
             except TimeoutError:
                 self._report_failures(f"waiting for step {step}")
@@ -445,10 +453,11 @@ class _Loop:
         """A dead training worker stops the run; lost servers are the fleet's (it raises when none
         is left), and a server waiting to join loads the current weights now, not after the step."""
         fleet = self.planes.fleet
+        self.publisher.wait()  # its load is the fleet's business too
         self.planes.scheduler.check_alive(exclude=fleet.server_handles())
         fleet.ensure_serving()
         if fleet.has_pending():
-            self._update_weights(self.rollout.version, self.rollout.version)
+            self.publisher.publish(self.rollout.version, self.rollout.version)
 
     def _train_on(self, batch: list[Trajectory], step: int) -> dict[str, float]:
         import torch
@@ -487,38 +496,9 @@ class _Loop:
             t += seconds
         self.timeline.add_span("rpc", step, min(t, end), end, parent="train")
 
-    def _update_weights(self, version: int, step: int, done_with: list[Trajectory] | None = None) -> float:
-        """Publish ``version`` with generation paused (an updater that can stage does its own part
-        first, while generation goes on); an aborted update leaves every server on its previous
-        weights and version, and the run goes on (the next step publishes newer ones). The
-        ``done_with`` batch is freed meanwhile, with a full collection of the controller's heap when
-        one is due, and generation resumes after both (see :func:`collect_all_soon`)."""
-        from areal_core.api.weights import SupportsStaging, WeightUpdateError
-
-        rollout, timeline, updater = self.rollout, self.timeline, self.planes.updater
-        with timeline.span("weight_update", step, version=version) as whole:
-            if isinstance(updater, SupportsStaging):
-                with timeline.span("weight_stage", step, parent="weight_update"):
-                    updater.stage(version)
-            with timeline.span("pause", step, parent="weight_update"):
-                rollout.pause()
-            cleaned = collect_all_soon(done_with)  # the controller's own garbage, while generation waits anyway
-            try:  # servers that joined get the weights too; one lost meanwhile is left out
-                with timeline.span("weight_load", step, parent="weight_update"):
-                    self.planes.fleet.update_weights(updater.update, rollout.set_version, version)
-            except WeightUpdateError as exc:
-                self.aborted_updates += 1
-                logger.warning(
-                    "weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc
-                )
-            finally:
-                with timeline.span("heap_collect", step, parent="weight_update"):
-                    cleaned.wait()  # with requests going, it would share the core with the rollout loop
-                with timeline.span("resume", step, parent="weight_update"):
-                    rollout.resume()
-        return whole.seconds
-
     def _save_recover_point(self, step: int) -> None:
+        self.publisher.wait()  # the servers hold this step's version
+
         def write_checkpoint(path: Path) -> None:
             self.planes.trainer.save_checkpoint(str(path))
 
@@ -546,6 +526,9 @@ class _Loop:
         start_step = self._restore()
         version = start_step
         rollout = self.rollout
+        self.publisher = WeightPublisher(
+            rollout, planes.fleet, planes.updater, timeline, overlap=config.rollout.max_head_offpolicyness > 0
+        )
         rollout.start()
         self.stats = stats_log = self._open_stats(start_step)
         t0 = time.perf_counter()
@@ -560,7 +543,7 @@ class _Loop:
                 for step in range(start_step + 1, config.total_train_steps + 1):
                     step_start = time.perf_counter()
                     with timeline.span("rollout_wait", step) as wait:
-                        batch = order_batch(self._next_batch(step))
+                        batch = order_batch(self._next_batch(step, version))
                     if step == config.total_train_steps:
                         rollout.end_intake()  # no episode would be used
                     rollout_stats = rollout.stats
@@ -573,7 +556,7 @@ class _Loop:
                     reward_mean = _mean([t.reward for t in batch])
                     train_rows = self._train_sample_rows(step, batch)  # the weight update frees the batch
                     version += 1
-                    stats["time/weight_update_s"] = self._update_weights(version, step, done_with=batch)
+                    stats["time/weight_update_s"] = self.publisher.publish(version, step, done_with=batch)
                     stats.update(
                         {
                             "reward/mean": reward_mean,
@@ -583,7 +566,7 @@ class _Loop:
                             "rollout/failed": float(rollout_stats.failed),
                             "rollout/retried": float(rollout_stats.retried),
                             "rollout/reward_errors": float(planes.rewards.stats.errors + planes.rewards.stats.timeouts),
-                            "rollout/aborted_weight_updates": float(self.aborted_updates),
+                            "rollout/aborted_weight_updates": float(self.publisher.aborted),
                             "time/step_s": time.perf_counter() - step_start,
                             "perf/tokens_per_s": tokens / (time.perf_counter() - t0),
                             "perf/output_tokens": float(n_tokens),
@@ -605,6 +588,7 @@ class _Loop:
                         with timeline.span("checkpoint", step):
                             self._save_hf(f"step{step}")
                     timeline.flush()
+            self.publisher.wait()  # the last version's load, if it runs on
             with timeline.span("checkpoint", config.total_train_steps, final=True):
                 final = self._save_hf("final")
             loop_seconds = time.perf_counter() - t0  # the loop ends here; stopping and plotting follow
@@ -612,6 +596,7 @@ class _Loop:
                 (handle.name, pid) for handle in planes.scheduler.handles if (pid := getattr(handle, "pid", None))
             )  # fmt: skip
         finally:
+            self.publisher.close()
             timeline.flush()
             stats_log.close()
             rollout.stop()

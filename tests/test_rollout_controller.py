@@ -291,6 +291,19 @@ def test_consumed_tokens_never_exceed_the_staleness_bound(eta):
     print(f"max_head_offpolicyness={eta}: largest observed token lag {OBSERVED_MAX_LAG[eta]}")
 
 
+def test_a_batch_for_a_version_still_loading_counts_its_lag_from_the_trainer_s_version():
+    loader = PromptLoader(_items(8), shuffle=False)
+    with _controller(ScriptedEngine(), batch_size=2, eta=1) as ctl:
+        first = ctl.prepare_batch(loader, GroupWorkflow(max_new_tokens=3), timeout=60)
+        assert ctl.stats.batch_max_lag == 0
+        wait_for(lambda: ctl.staleness.ready >= 2, "the next batch, generated on version 0")
+        ctl.pause()  # version 1 is loading (an overlapped publish): the servers still serve 0
+        ctl.prepare_batch(loader, GroupWorkflow(max_new_tokens=3), timeout=60, trainer_version=1)
+        assert (ctl.stats.batch_max_lag, ctl.stats.batch_mean_lag) == (1, 1.0)
+        ctl.resume()
+    assert {v for t in first for v in t.versions if v >= 0} == {0}
+
+
 @pytest.mark.parametrize("grouped", [False, True])
 def test_pause_interrupts_generation_and_resume_continues_it(grouped):
     engine = ScriptedEngine(delay=lambda r: 0.01)

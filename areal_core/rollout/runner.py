@@ -296,20 +296,27 @@ class RolloutRunner:
         workflow: Workflow,
         batch_size: int | None = None,
         timeout: float | None = None,
+        trainer_version: int | None = None,
     ) -> list[Trajectory]:
         """Keep the pipe full from ``dataloader`` and return one batch of ``batch_size`` episodes.
         The pipe stays full from it after the return too (episodes start as capacity opens while
-        the caller trains), until :meth:`end_intake`, :meth:`wait` or another ``prepare_batch``."""
+        the caller trains), until :meth:`end_intake`, :meth:`wait` or another ``prepare_batch``.
+        ``trainer_version``: the version the batch trains, when the servers may not serve it yet
+        (its load still running, or aborted); the batch's lags count from it."""
         n = self.staleness.batch_size if batch_size is None else batch_size
         if n != self.staleness.batch_size:
             raise ValueError(
                 f"prepare_batch(batch_size={n}) differs from the staleness manager's batch_size="
                 f"{self.staleness.batch_size}; build the controller with the train batch size"
             )
-        return self._take(n, timeout, source=(dataloader, workflow))
+        return self._take(n, timeout, source=(dataloader, workflow), trainer_version=trainer_version)
 
     def _take(
-        self, n: int, timeout: float | None, source: tuple[Iterator[dict[str, Any]], Workflow] | None
+        self,
+        n: int,
+        timeout: float | None,
+        source: tuple[Iterator[dict[str, Any]], Workflow] | None,
+        trainer_version: int | None = None,
     ) -> list[Trajectory]:
         """Wait for ``n`` episodes; with a ``source``, the loop keeps the pipe full from it meanwhile
         and wakes this thread only when ``n`` are ready (or an episode failed, or none runs)."""
@@ -347,7 +354,7 @@ class RolloutRunner:
             finally:
                 self._want = 0
             parts = [self._take_ready(start_version, count) for start_version, count in taken.items()]
-            version = self.staleness.version
+            version = self.staleness.version if trainer_version is None else trainer_version
             self.staleness.consume(taken)
             self._stats.consumed += n
             self._gauge()
