@@ -4,7 +4,9 @@ A publish is the updater's own part first (``stage``, where it can: the disk pat
 files while generation goes on), then generation pauses, every server loads the version, and
 generation resumes. With ``overlap`` and an updater that stages, only the first part holds the
 training loop: pause, load and resume run on a thread while the next step trains (the trainer
-takes no part in them; the servers' load costs 5-10% of an asynchronous step on the SmolLM2 job).
+takes no part in them). That pays where generation has a load's worth of slack: the staleness
+bound starts the next batch's episodes only once the servers serve the version just trained, so a
+run bound by generation gets nothing from it (examples/smollm2/README.md, "Asynchrony").
 Whatever needs the servers on the new version or the fleet to itself (the next publish,
 evaluation, recover points, fleet tending, the run's end) calls :meth:`WeightPublisher.wait` first.
 
