@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from areal_core.api.weights import SupportsStaging, WeightUpdateError
 from areal_core.controller_tuning import collect_all_soon
@@ -87,8 +87,7 @@ class WeightPublisher:
         cleaned = collect_all_soon(done_with)  # the controller's own garbage, while generation waits anyway
         try:  # servers that joined get the weights too; one lost meanwhile is left out
             with timeline.span("weight_load", step, parent="weight_update"):
-                publish = self.updater.update if retry else _first_try_only(self.updater.update)
-                self.fleet.update_weights(publish, rollout.set_version, version)
+                self.fleet.update_weights(self.updater.update, rollout.set_version, version, retry_on_survivors=retry)
         except WeightUpdateError as exc:
             self.aborted += 1
             logger.warning("weight update to version %d aborted; servers keep version %d: %s", version, rollout.version, exc)
@@ -98,18 +97,3 @@ class WeightPublisher:
             with timeline.span("resume", step, parent="weight_update"):
                 rollout.resume()
 
-
-def _first_try_only(update: Callable[[int], None]) -> Callable[[int], None]:
-    """``update``, which refuses to run a second time (a re-publish after a lost server)."""
-    tried = False
-
-    def once(version: int) -> None:
-        nonlocal tried
-        if tried:
-            raise WeightUpdateError(
-                f"version {version} is not re-published while the next step trains; the next step publishes newer weights"
-            )
-        tried = True
-        update(version)
-
-    return once

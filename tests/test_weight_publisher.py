@@ -38,12 +38,14 @@ class RetryOnceFleet:
     def __init__(self, lose_a_server: bool = False) -> None:
         self.lose_a_server = lose_a_server
 
-    def update_weights(self, publish, set_version, version: int) -> None:
+    def update_weights(self, publish, set_version, version: int, *, retry_on_survivors: bool = True) -> None:
         try:
             publish(version)
-        except ArealError:
+        except ArealError as exc:
             if not self.lose_a_server:
                 raise
+            if not retry_on_survivors:
+                raise WeightUpdateError(f"version {version} is not re-published on the surviving servers") from exc
             publish(version)  # on the survivors
         set_version(version)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_core.api.engine import SupportsElasticFleet
 from areal_core.api.errors import ArealError, ProcessFailedError
+from areal_core.api.weights import WeightUpdateError
 
 if TYPE_CHECKING:
     from areal_core.config import Config
@@ -120,10 +121,18 @@ class ServerFleet:
         return rows + [{"address": a, "state": "pending"} for a in self.engine.pending_servers()]
 
     # ------------------------------------------------------------------ weight updates
-    def update_weights(self, publish: Callable[[int], None], set_version: Callable[[int], None], version: int) -> None:
+    def update_weights(
+        self,
+        publish: Callable[[int], None],
+        set_version: Callable[[int], None],
+        version: int,
+        *,
+        retry_on_survivors: bool = True,
+    ) -> None:
         """With generation paused: pending servers join, ``publish(version)`` reaches every member
-        (retried on the survivors when members are lost meanwhile), ``set_version(version)``
-        tags it, then the joined servers get traffic."""
+        (retried on the survivors when members are lost meanwhile; without ``retry_on_survivors``
+        a :class:`WeightUpdateError` aborts it instead), ``set_version(version)`` tags it, then the
+        joined servers get traffic."""
         engine = self.engine
         joined = engine.join_pending()
         while True:
@@ -136,6 +145,8 @@ class ServerFleet:
                 survivors = engine.members()
                 if survivors == before or not survivors:
                     raise
+                if not retry_on_survivors:
+                    raise WeightUpdateError(f"version {version} is not re-published on the surviving servers") from exc
                 logger.warning("weight update %d failed (%s); retrying on %d surviving servers", version, exc, len(survivors))
         set_version(version)
         engine.open_traffic([a for a in joined if a in engine.members()], version)
