@@ -22,7 +22,7 @@ from areal_core.train.fsdp_policy import (
     split_minibatches,
     token_balanced_shares,
 )
-from areal_core.train.optim import lr_factor
+from areal_core.train.optim import build_optimizer, lr_factor
 from areal_core.api.trajectory import Trajectory
 
 CORPUS = ["0123456789+-=? abcdefghij"]
@@ -122,6 +122,33 @@ def test_lr_schedule_warmup_then_constant_or_cosine():
     assert lr_factor(12, cos, 12) == pytest.approx(0.1)
     assert lr_factor(50, cos, 12) == pytest.approx(0.1)  # past the end: stays at the floor
 
+
+
+def test_adamw_takes_the_fused_kernel_where_torch_has_one_with_the_same_steps():
+    torch.manual_seed(0)
+    start = [torch.randn(64, 32), torch.randn(32)]
+    grads = [[torch.randn_like(t) for t in start] for _ in range(3)]
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.1)
+    results = {}
+    for kernel in ("fused", "foreach"):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        if kernel == "fused":
+            optimizer, _ = build_optimizer(params, config, total_steps=3)
+        else:  # what torch runs without the fused kernel
+            optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(config.beta1, config.beta2),
+                                          eps=config.eps, weight_decay=config.weight_decay, foreach=True)
+        assert bool(optimizer.defaults["fused"]) is (kernel == "fused")
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            optimizer.step()
+        results[kernel] = [p.detach() for p in params]
+    for fused, looped, initial in zip(results["fused"], results["foreach"], start):
+        assert not torch.equal(fused, initial)
+        torch.testing.assert_close(fused, looped, rtol=1e-5, atol=1e-6)
+    meta = [torch.nn.Parameter(torch.empty(4, device="meta"))]  # a device without the fused kernel
+    optimizer, _ = build_optimizer(meta, config, total_steps=1)
+    assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
 
 # ---------------------------------------------------------------------- engine
 

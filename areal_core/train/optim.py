@@ -36,11 +36,24 @@ def build_optimizer(
         betas=(config.beta1, config.beta2),
         eps=config.eps,
         weight_decay=config.weight_decay,
-        foreach=True,  # torch picks the per-tensor loop off CUDA; this is the same math, ~3x faster on CPU
+        **_fastest_kernel(params),
     )
     schedule = functools.partial(lr_factor, config=config, total_steps=total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return optimizer, scheduler
+
+
+# torch's one-pass AdamW kernel exists for these; elsewhere (e.g. an NPU) the multi-tensor loop
+FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def _fastest_kernel(params: list[torch.nn.Parameter]) -> dict[str, bool]:
+    """AdamW's ``fused`` kernel (one pass over each tensor) where torch has it, else ``foreach``
+    (torch's default off CUDA is the per-tensor loop: the same math, ~3x slower on CPU). On
+    SmolLM2-135M, one CPU thread: 0.17 s a step against foreach's 0.57 (bench/optimizer_step.py)."""
+    if {p.device.type for p in params} <= FUSED_ADAMW_DEVICES:
+        return {"fused": True}
+    return {"foreach": True}
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
