@@ -46,6 +46,8 @@ def main() -> None:
     try:
         engine, path = real_engine(args.model, "bfloat16")
         params = [p for p in engine.model.parameters() if p.requires_grad]
+        if not engine.optimizer.defaults["fused"]:
+            raise SystemExit(f"the engine's AdamW is not fused for parameters on {params[0].device.type}")
         for p in params:
             p.grad = torch.randn_like(p) * 1e-3
         group = engine.optimizer.param_groups[0]
@@ -54,8 +56,6 @@ def main() -> None:
             "foreach": torch.optim.AdamW(params, lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                          weight_decay=group["weight_decay"], foreach=True),
         }
-        if not engine.optimizer.defaults["fused"]:
-            raise SystemExit(f"the engine's AdamW is not fused for parameters on {params[0].device.type}")
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for optimizer in contenders.values():
             optimizer.step()  # allocates exp_avg / exp_avg_sq

@@ -123,7 +123,6 @@ def test_lr_schedule_warmup_then_constant_or_cosine():
     assert lr_factor(50, cos, 12) == pytest.approx(0.1)  # past the end: stays at the floor
 
 
-
 def test_adamw_takes_the_fused_kernel_where_torch_has_one_with_the_same_steps():
     torch.manual_seed(0)
     start = [torch.randn(64, 32), torch.randn(32)]
