@@ -12,15 +12,15 @@ x 8 samples, 128 new tokens), in two layouts of this machine's cores:
 
 Each layout runs synchronously (``rollout.max_head_offpolicyness: 0``) and asynchronously
 (``--staleness``, by default 1: on this job 2 cost accuracy by step 30) on the same seed, one run
-at a time. Printed per run: seconds per training step, the step's split into generation wait and training,
-held-out greedy accuracy before -> after, and the wall seconds (from launch, start-up included) to
-reach the synchronous run's final accuracy. Then per layout the speed-up (synchronous seconds per
-step / asynchronous) and the overlap bound from the synchronous run: (generation + training) /
-max(generation, training) per step, with the share of the bound reached; with ``--repeats`` N,
-min/median/max over seeds ``--first-seed``... Answers shorten over the first steps, and an
-asynchronous run samples from weights up to ``--staleness`` steps older, so its steps carry longer
-answers (more work); the speed-up in answer tokens per second (sampled and trained) is printed
-beside the one per step.
+at a time. Printed per run: seconds per training step, the step's split into generation wait and
+training, held-out greedy accuracy before -> after, and the wall seconds (from launch, start-up
+included) to reach the synchronous run's final accuracy. Then per layout the speed-up
+(synchronous seconds per step / asynchronous) and the overlap bound from the synchronous run:
+(generation + training) / max(generation, training) per step, with the share of the bound
+reached; with ``--repeats`` N, min/median/max over seeds ``--first-seed``... Answers shorten over
+the first steps, and an asynchronous run samples from weights up to ``--staleness`` steps older,
+so its steps carry longer answers (more work); the speed-up in answer tokens per second (sampled
+and trained) is printed beside the one per step.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ state. Prints seconds per step (min/median/max over rounds) and the ratio.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
+from areal_core.api.scheduler import free_port
 from spread import spread
 from train_step import real_engine
 
@@ -39,10 +39,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of each contender, interleaved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         engine, path = real_engine(args.model, "bfloat16")
         params = [p for p in engine.model.parameters() if p.requires_grad]

@@ -149,6 +149,7 @@ def test_adamw_takes_the_fused_kernel_where_torch_has_one_with_the_same_steps():
     optimizer, _ = build_optimizer(meta, config, total_steps=1)
     assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
 
+
 # ---------------------------------------------------------------------- engine
 
 
