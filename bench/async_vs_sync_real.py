@@ -13,11 +13,14 @@ x 8 samples, 128 new tokens), in two layouts of this machine's cores:
 Each layout runs synchronously (``rollout.max_head_offpolicyness: 0``) and asynchronously
 (``--staleness``, by default 1: on this job 2 cost accuracy by step 30) on the same seed, one run
 at a time. Printed per run: seconds per training step, the step's split into generation wait and
-training, held-out greedy accuracy before -> after, and the wall seconds (from launch, start-up
-included) to reach the synchronous run's final accuracy. Then per layout the speed-up
-(synchronous seconds per step / asynchronous) and the overlap bound from the synchronous run:
-(generation + training) / max(generation, training) per step, with the share of the bound
-reached; with ``--repeats`` N, min/median/max over seeds ``--first-seed``... Answers shorten over
+training, held-out greedy accuracy before -> after, and the wall seconds to the target accuracy
+(``--gain`` over the synchronous run's accuracy before training, the same for both modes of a seed):
+from launch (start-up included), and from the end of the evaluation before training (start-up and
+that evaluation are the same work in both modes). Then per layout the speed-up (synchronous
+seconds per step / asynchronous), the overlap bound from the synchronous run: (generation +
+training) / max(generation, training) per step, with the share of the bound reached, and the
+speed-up in time to the target (synchronous seconds / asynchronous, both clocks); with
+``--repeats`` N, min/median/max over seeds ``--first-seed``... Answers shorten over
 the first steps, and an asynchronous run samples from weights up to ``--staleness`` steps older,
 so its steps carry longer answers (more work); the speed-up in answer tokens per second (sampled
 and trained) is printed beside the one per step.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -77,12 +81,29 @@ def seconds_to(curve: list[list[float]], accuracy: float) -> float | None:
     return next((t for step, t, acc in curve if step > 0 and acc >= accuracy - 1e-9), None)
 
 
+def before(result: dict) -> float:
+    """Held-out accuracy before training (NaN for a run that did not evaluate): the synchronous
+    run's is the target's base for both modes of a seed."""
+    return result["curve"][0][2] if result["curve"] else math.nan
+
+
+def time_to_target(curve: list[list[float]], accuracy: float) -> tuple[float, float]:
+    """Wall seconds to the first evaluation after training starts that reaches ``accuracy``: from
+    launch, and from the end of the evaluation before training; NaN where no evaluation reached it."""
+    hit = seconds_to(curve, accuracy) if curve else None
+    if hit is None:
+        return math.nan, math.nan
+    return hit, hit - curve[0][1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--staleness", type=int, default=1, help="max_head_offpolicyness of the asynchronous runs")
+    parser.add_argument("--gain", type=float, default=0.15,
+                        help="the target: this much held-out accuracy over the synchronous run's before training")
     parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / EXPERIMENT, help="runs and results")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -107,16 +128,17 @@ def main() -> None:
     print(f"\njob: {CONFIG.relative_to(REPO)}, {opts.steps} steps; asynchronous: max_head_offpolicyness="
           f"{opts.staleness}; seconds per step from step 2 on\n")
     print(f"{'layout':<8}{'mode':<7}{'seed':>5}{'s/step':>8}{'wait s':>8}{'train s':>9}{'answer tok':>11}"
-          f"{'before':>8}{'after':>7}{'s to sync final':>17}")
+          f"{'before':>8}{'after':>7}{'target':>8}{'s to target: launch / training':>32}")
+    target = {(layout, s): before(results[layout, 0, s]) + opts.gain for layout in opts.layouts for s in seeds}
     for layout in opts.layouts:
         for staleness in (0, opts.staleness):
             for seed in seeds:
-                r, sync_curve = results[layout, staleness, seed], results[layout, 0, seed]["curve"]
-                hit = seconds_to(r["curve"], sync_curve[-1][2]) if sync_curve and r["curve"] else None
+                r = results[layout, staleness, seed]
                 accuracy = f"{r['curve'][0][2]:>8.3f}{r['curve'][-1][2]:>7.3f}" if r["curve"] else f"{'-':>8}{'-':>7}"
+                launch, training = time_to_target(r["curve"], target[layout, seed])
                 print(f"{layout:<8}{'sync' if staleness == 0 else 'async':<7}{seed:>5}{r['step_s']:>8.1f}"
                       f"{r['wait_s']:>8.1f}{r['train_s']:>9.1f}{r['answer_tokens']:>11.0f}{accuracy}"
-                      f"{'-' if hit is None else format(hit, '.0f'):>17}")
+                      f"{target[layout, seed]:>8.3f}{f'{launch:.0f} / {training:.0f}':>32}")
     print("\nper layout, over seeds (min/median/max): speed-up = sync s/step / async s/step; bound = the sync "
           "run's (wait + train) / max(wait, train)")
     for layout in opts.layouts:
@@ -126,9 +148,15 @@ def main() -> None:
         bound = [(a["wait_s"] + a["train_s"]) / max(a["wait_s"], a["train_s"]) for a in sync]
         share = [s / b for s, b in zip(speedup, bound)]
         per_token = [(b["answer_tokens"] / b["step_s"]) / (a["answer_tokens"] / a["step_s"]) for a, b in zip(sync, fast)]
+        to_target = [  # [seed][from launch, from training]; NaN where a mode missed the target
+            [a / b for a, b in zip(time_to_target(x["curve"], goal), time_to_target(y["curve"], goal))]
+            for x, y, goal in zip(sync, fast, (target[layout, s] for s in seeds))
+        ]
         print(f"  {layout:<7} speed-up {spread(speedup, '{:.2f}')}, bound {spread(bound, '{:.2f}')}, "
               f"share of bound {spread(share, '{:.2f}')} (goal: speed-up >= 1.5 and >= 0.90 of the bound); "
-              f"in answer tokens per second {spread(per_token, '{:.2f}')}")
+              f"in answer tokens per second {spread(per_token, '{:.2f}')}; in time to the target "
+              f"{spread([t[0] for t in to_target], '{:.2f}')} from launch, "
+              f"{spread([t[1] for t in to_target], '{:.2f}')} from the start of training")
     if {"split", "shared"} <= set(opts.layouts):  # what the example ships (sync, shared) against async, split
         ratio = [results["shared", 0, s]["step_s"] / results["split", opts.staleness, s]["step_s"] for s in seeds]
         print(f"  sync shared s/step / async split s/step: {spread(ratio, '{:.2f}')}")

