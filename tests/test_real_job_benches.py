@@ -4,11 +4,12 @@ run's evaluations read back at their wall times, and the first one to reach a ta
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from async_vs_sync_real import seconds_to  # noqa: E402
+from async_vs_sync_real import seconds_to, time_to_target  # noqa: E402
 from vs_trl_smollm2 import curve_summary, ours_points  # noqa: E402
 
 
@@ -39,3 +40,9 @@ def test_the_target_is_the_start_plus_the_gain_and_the_first_evaluation_reaching
     assert seconds_to([list(p) for p in points], 0.45) == 1000.0
     assert seconds_to([list(p) for p in points], 0.25) == 400.0  # step 0 never counts
     assert seconds_to([list(p) for p in points], 0.9) is None
+
+
+def test_the_time_to_a_target_counts_from_launch_and_from_the_evaluation_before_training():
+    curve = [[0, 40.0, 0.25], [15, 400.0, 0.375], [30, 700.0, 0.40]]
+    assert time_to_target(curve, 0.39) == (700.0, 660.0)
+    assert all(math.isnan(t) for t in time_to_target(curve, 0.5) + time_to_target([], 0.3))
