@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from areal_core.api.algorithm import Algorithm, LossInput
+from areal_core.api.scheduler import free_port
 from areal_core.config import Config, TinyModelSpec, load_config
 from areal_core.builtin.platform_cpu.platform import CpuPlatform
 from areal_core.plugins import load_plugins
@@ -278,10 +278,7 @@ def main() -> None:
     if args.set and not args.compare:
         parser.error("--set goes with --compare (the overrides every compared engine gets)")
     torch.set_num_threads(args.threads)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     if args.lora or args.model:
         try:
             if args.compare:

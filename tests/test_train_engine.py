@@ -354,6 +354,27 @@ def test_resume_from_checkpoint_is_bitwise_identical(process_group, model_path, 
     assert attrs.asdict(straight.config) == attrs.asdict(resumed.config)
 
 
+def test_a_checkpoint_written_with_the_multi_tensor_loop_resumes_on_the_fused_kernel(
+    process_group, model_path, tmp_path
+):
+    """torch's load_state_dict takes the saved groups' kernel flags: a run resumed from a checkpoint
+    written before the fused AdamW must not run the loop from then on, and must train the same."""
+    older = make_engine(model_path)
+    for group in older.optimizer.param_groups:  # as build_optimizer set it before the fused kernel
+        group.update(fused=None, foreach=True)
+    trajs, adv = make_batch(older)
+    older.ppo_update(trajs, adv)
+    older.save_checkpoint(tmp_path / "ckpt")
+    resumed = make_engine(model_path)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert all(g["fused"] is True and not g["foreach"] for g in resumed.optimizer.param_groups)
+    resumed.ppo_update(trajs, adv)
+    older.ppo_update(trajs, adv)
+    got = params(resumed)
+    for name, value in params(older).items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_load_checkpoint_rejects_a_non_checkpoint(process_group, model_path, tmp_path):
     engine = make_engine(model_path)
     with pytest.raises(FileNotFoundError, match="not a DCP checkpoint"):

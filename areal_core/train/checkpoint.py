@@ -12,6 +12,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from areal_core.train.optim import keeping_kernel
+
 if TYPE_CHECKING:
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -89,7 +91,8 @@ def load_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    with keeping_kernel(optimizer):
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     if not extra_file.is_file():  # saved at a smaller world size: take rank 0's schedule and step
         extra_file = path / "extra_rank0.pt"
     extra = torch.load(extra_file, weights_only=False)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,6 +56,24 @@ def _fastest_kernel(params: list[torch.nn.Parameter]) -> dict[str, bool]:
     if {p.device.type for p in params} <= FUSED_ADAMW_DEVICES:
         return {"fused": True}
     return {"foreach": True}
+
+
+@contextlib.contextmanager
+def keeping_kernel(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Loading a state dict inside keeps the AdamW kernel this build chose: torch takes the saved
+    groups' ``fused``/``foreach`` flags, so a checkpoint written with the multi-tensor loop (before
+    the fused kernel) would otherwise run it on. The fused kernel keeps step counts on the
+    parameter's device, where the loop's stay on the CPU."""
+    import torch
+
+    kernels = [{k: group.get(k) for k in ("fused", "foreach")} for group in optimizer.param_groups]
+    yield
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
+        for param in group["params"] if group.get("fused") else ():
+            state = optimizer.state.get(param, {})
+            if "step" in state:
+                state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
