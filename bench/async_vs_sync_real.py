@@ -90,7 +90,7 @@ def before(result: dict) -> float:
 def time_to_target(curve: list[list[float]], accuracy: float) -> tuple[float, float]:
     """Wall seconds to the first evaluation after training starts that reaches ``accuracy``: from
     launch, and from the end of the evaluation before training; NaN where no evaluation reached it."""
-    hit = seconds_to(curve, accuracy) if curve else None
+    hit = seconds_to(curve, accuracy)
     if hit is None:
         return math.nan, math.nan
     return hit, hit - curve[0][1]

@@ -70,7 +70,9 @@ def keeping_kernel(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     yield
     for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
         group.update(kernel)
-        for param in group["params"] if group.get("fused") else ():
+        if not group.get("fused"):
+            continue
+        for param in group["params"]:
             state = optimizer.state.get(param, {})
             if "step" in state:
                 state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
