@@ -211,10 +211,11 @@ class Planes:
             self.scheduler = self._stack.enter_context(make_scheduler(config, self.platform))
             self.engine = self.plugins.get("engine", config.rollout.engine)(config, self.platform)
             self._stack.callback(self.engine.close)
-            self.engine.launch_servers(self.scheduler)
+            servers_up = self.engine.start_servers(self.scheduler)  # they load while the trainer does
             self.trainer = self._stack.enter_context(
                 TrainWorkerGroup(config, self.platform, self.scheduler, config.model.path, config.run_dir)
             )
+            servers_up()
             say(
                 f"connecting the {config.actor.weight_update} weight path; reward {config.reward.name} "
                 f"in {config.reward.workers} worker process(es)"

@@ -459,7 +459,7 @@ def sglang_rig(tmp_path: Path, base_model: Path, request: pytest.FixtureRequest)
     engine.server_spec = fake_spec  # type: ignore[method-assign]
     with contextlib.ExitStack() as stack:
         stack.callback(scheduler.stop_all)
-        HTTPServerEngine.launch_servers(engine, scheduler)  # not SGLangEngine's: sglang need not import here
+        HTTPServerEngine.start_servers(engine, scheduler)()  # not SGLangEngine's: sglang need not import here
         yield start_rig(config, engine, scheduler, base_model, stack)
 
 

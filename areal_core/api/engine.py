@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import secrets
 from contextlib import AbstractAsyncContextManager
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -85,6 +85,16 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
         """Start ``config.rollout.servers`` servers through ``scheduler``; attach; return addresses."""
+
+    def start_servers(self, scheduler: Scheduler) -> Callable[[], list[str]]:
+        """``launch_servers`` in two halves: start the servers, and return the call that waits until
+        they are up, attaches them and returns their addresses.
+
+        The controller starts the training workers in between, so that both load at once. The
+        default launches and waits here; engines whose servers are processes split the two.
+        """
+        addresses = self.launch_servers(scheduler)
+        return lambda: addresses
 
     @abc.abstractmethod
     def attach(self, addresses: list[str]) -> None:

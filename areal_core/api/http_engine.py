@@ -328,16 +328,23 @@ class HTTPServerEngine(InferenceEngine):
         """True once the server at ``address`` answers its health check."""
 
     def launch_servers(self, scheduler: Scheduler) -> list[str]:
+        return self.start_servers(scheduler)()
+
+    def start_servers(self, scheduler: Scheduler) -> Callable[[], list[str]]:
         if not self.config.model.path:
             raise ConfigError("model.path", f"the {self.name} engine needs a model directory (tiny models: ensure_tiny_model)")
         self._scheduler = scheduler
         started = [self._spawn(scheduler, device_slot=i) for i in range(self.config.rollout.servers)]
         deadline = time.monotonic() + self.config.rollout.server_startup_timeout
-        for address, handle, log_file in started:
-            up = functools.partial(self.server_is_up, address)
-            wait_healthy(up, handle, address, log_file, deadline, self.server_label)
-        self.attach([address for address, _, _ in started])
-        return list(self.addresses)
+
+        def wait_until_up() -> list[str]:
+            for address, handle, log_file in started:
+                up = functools.partial(self.server_is_up, address)
+                wait_healthy(up, handle, address, log_file, deadline, self.server_label)
+            self.attach([address for address, _, _ in started])
+            return list(self.addresses)
+
+        return wait_until_up
 
     def _spawn(self, scheduler: Scheduler, device_slot: int) -> tuple[str, ProcessHandle, Path]:
         run_dir = self.config.run_dir.resolve()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,9 +82,9 @@ class SGLangEngine(HTTPServerEngine):
         self.adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
 
     # ---------------------------------------------------------------- servers
-    def launch_servers(self, scheduler: Scheduler) -> list[str]:
+    def start_servers(self, scheduler: Scheduler) -> Callable[[], list[str]]:
         require_sglang()
-        return super().launch_servers(scheduler)
+        return super().start_servers(scheduler)
 
     def server_spec(self, index: int, port: int | str, run_dir: Path, host: str = "127.0.0.1") -> ProcessSpec:
         seed = self.config.seed + index
