@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_core.api.dataset import dataset_key
@@ -62,7 +64,8 @@ def fit_context(
             f"{max_new_tokens} alone fills the model's context of {context} tokens; {room} the shortest "
             f"{split} prompt ({shortest} tokens)",
         )
-    kept = [item for item in items if n_tokens(item["prompt"]) <= budget]
+    at_most = _token_bound(tokenizer)  # most prompts fit by far: only the others are tokenized
+    kept = [item for item in items if at_most(item["prompt"]) <= budget or n_tokens(item["prompt"]) <= budget]
     dropped = len(items) - len(kept)
     if not dropped:
         return items
@@ -75,6 +78,29 @@ def fit_context(
         raise ConfigError(key, f"{what}; shorten them, lower gconfig.max_new_tokens, or set {key}=drop")
     logging.getLogger(__name__).warning("%s: %s; dropped them", key, what)
     return kept
+
+
+def _token_bound(tokenizer: Any) -> Callable[[str], float]:
+    """An upper bound on a prompt's chat-rendered token count that tokenizes nothing (rendering the
+    template and normalizing cost about a tenth of tokenizing): inf for tokenizers without a
+    ``tokenizers`` backend.
+
+    Every token covers at least one byte of the normalized text, except one that a normalizer or
+    pre-tokenizer may prepend to each piece between special tokens (Metaspace's "▁"); a piece holds
+    at least one byte, so twice the normalized bytes bound the count.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return lambda prompt: math.inf
+    normalize = backend.normalizer.normalize_str if backend.normalizer is not None else str
+
+    def bound(prompt: str) -> float:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return 2 * len(normalize(text).encode()) + 1
+
+    return bound
 
 
 def _call_loader(config: DatasetConfig, split: str, plugins: Plugins) -> list[dict[str, Any]]:

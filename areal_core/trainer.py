@@ -188,8 +188,6 @@ class Planes:
         self.config, self.plugins, self.platform = config, plugins, platform
 
     def __enter__(self) -> Planes:
-        from transformers import AutoTokenizer
-
         from areal_core.control_endpoint import ControlServer
         from areal_core.rollout.fleet import ServerFleet
         from areal_core.rollout.ledger import LEDGER_FILE, Ledger
@@ -202,7 +200,6 @@ class Planes:
         try:
             if cpus := controller_cpus(config):  # before the reward workers start: they inherit it
                 self._stack.enter_context(pinned(cpus))
-            self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
             self.rewards = self._stack.enter_context(self._start_rewards())
             say(
                 f"starting {config.rollout.servers} {config.rollout.engine} inference server(s) and "
@@ -211,7 +208,10 @@ class Planes:
             self.scheduler = self._stack.enter_context(make_scheduler(config, self.platform))
             self.engine = self.plugins.get("engine", config.rollout.engine)(config, self.platform)
             self._stack.callback(self.engine.close)
-            servers_up = self.engine.start_servers(self.scheduler)  # they load while the trainer does
+            servers_up = self.engine.start_servers(self.scheduler)  # they load while the controller and trainer do
+            from transformers import AutoTokenizer  # here, not above: its import is start-up the servers overlap
+
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
             self.trainer = self._stack.enter_context(
                 TrainWorkerGroup(config, self.platform, self.scheduler, config.model.path, config.run_dir)
             )

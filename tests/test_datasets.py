@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from areal_core.api import hookimpl
@@ -236,6 +236,59 @@ def test_load_dataset_uses_the_registry_and_checks_items():
 
 
 # --------------------------------------------------------------------------- prompts and the context
+
+
+def _metaspace_tokenizer():
+    """A BPE tokenizer whose normalizer changes lengths (NFKC: "ﬁ" -> "fi", "ﷺ" -> 18 letters) and whose
+    pre-tokenizer prepends "▁" to every piece between special tokens, with a chat template."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    tok.train_from_iterator(["a b ab ba aab user says"], trainers.BpeTrainer(special_tokens=["<unk>", "<s>", "</s>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<s>{% endif %}"
+    )
+    return fast
+
+
+PIECES = ["a", "b", "ab", " ", "  ", "é", "ﬁ", "ﷺ", " z", "<s>", "</s>", "z"]
+PROMPTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=30)
+
+
+@pytest.fixture(scope="module")
+def tokenizers_to_fit(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from areal_core.config import TinyModelSpec
+    from areal_core.tiny_model import ensure_tiny_model
+
+    char_level = ensure_tiny_model(TinyModelSpec(), ["".join(PIECES)], tmp_path_factory.mktemp("tiny"), seed=0)
+    return [AutoTokenizer.from_pretrained(char_level), _metaspace_tokenizer()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=st.lists(PROMPTS, min_size=1, max_size=6), budget=st.integers(1, 150), which=st.integers(0, 1))
+@example(pieces=[["ﷺ"] * 8, ["a"]], budget=100, which=1)  # 149 tokens, 39 bytes before NFKC
+def test_fitting_prompts_keeps_exactly_those_whose_tokens_fit(tokenizers_to_fit, pieces, budget, which):
+    """Whatever the budget: prompts kept on the bound without tokenizing (most, on real data sets) are
+    the ones tokenizing keeps."""
+    from areal_core.api.workflow import encode_chat
+    from areal_core.dataset_loading import fit_context
+
+    tokenizer = tokenizers_to_fit[which]
+    items = [{"id": str(i), "prompt": "".join(p)} for i, p in enumerate(pieces)]
+    lengths = [len(encode_chat(tokenizer, [{"role": "user", "content": i["prompt"]}], add_generation_prompt=True))
+               for i in items]  # fmt: skip
+    try:
+        kept = fit_context(items, tokenizer, budget + 1, 1, DatasetConfig(name="arith"), "train")
+    except ConfigError:  # nothing left: refused
+        kept = []
+    assert [i["id"] for i in kept] == [i["id"] for i, n in zip(items, lengths) if n <= budget]
 
 
 def test_prompts_longer_than_the_context_are_dropped_or_refused(tmp_path, caplog):
