@@ -82,7 +82,7 @@ def fit_context(
 
 def _token_bound(tokenizer: Any) -> Callable[[str], float]:
     """An upper bound on a prompt's chat-rendered token count that tokenizes nothing (rendering the
-    template and normalizing cost about a tenth of tokenizing): inf for tokenizers without a
+    template and normalizing cost about a seventh of tokenizing): inf for tokenizers without a
     ``tokenizers`` backend.
 
     Every token covers at least one byte of the normalized text, except one that a normalizer or
