@@ -36,7 +36,7 @@ import re
 import statistics
 from pathlib import Path
 
-from real_job import CONFIG, REPO, eval_points, run_job
+from real_job import CONFIG, REPO, eval_points, first_reaching, run_job
 from spread import spread
 
 EXPERIMENT = "async_vs_sync_real"
@@ -77,10 +77,6 @@ def finished(path: Path) -> dict | None:
     return result
 
 
-def seconds_to(curve: list[list[float]], accuracy: float) -> float | None:
-    return next((t for step, t, acc in curve if step > 0 and acc >= accuracy - 1e-9), None)
-
-
 def before(result: dict) -> float:
     """Held-out accuracy before training (NaN for a run that did not evaluate): the synchronous
     run's is the target's base for both modes of a seed."""
@@ -90,10 +86,10 @@ def before(result: dict) -> float:
 def time_to_target(curve: list[list[float]], accuracy: float) -> tuple[float, float]:
     """Wall seconds to the first evaluation after training starts that reaches ``accuracy``: from
     launch, and from the end of the evaluation before training; NaN where no evaluation reached it."""
-    hit = seconds_to(curve, accuracy)
+    hit = first_reaching(curve, accuracy)
     if hit is None:
         return math.nan, math.nan
-    return hit, hit - curve[0][1]
+    return hit[1], hit[1] - curve[0][1]
 
 
 def main() -> None:

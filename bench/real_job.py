@@ -1,11 +1,13 @@
 """The real-model job (``examples/smollm2/config.yaml``) as the real-model benches run it: one
-``areal run`` command, then its held-out evaluations read back at their wall times."""
+``areal run`` command, then its held-out evaluations read back at their wall times, and the first
+to reach a target."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,3 +42,9 @@ def eval_points(run_dir: Path, launched: float) -> list[tuple[int, float, float]
     record = load(run_dir)
     ends = {s.step: record.start_unix + s.t1 - launched for s in record.spans if s.name == "eval"}
     return sorted((step, ends[step], sum(r) / len(r)) for step, r in rewards.items())
+
+
+def first_reaching(points: Sequence[Sequence[float]], accuracy: float) -> tuple[int, float] | None:
+    """(step, wall seconds) of the first evaluation after training starts whose held-out accuracy
+    reaches ``accuracy``, in ``points`` of (step, seconds, accuracy); None where none did."""
+    return next(((step, t) for step, t, acc in sorted(points) if step > 0 and acc >= accuracy - 1e-9), None)

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from real_job import CONFIG, REPO, eval_points, run_job
+from real_job import CONFIG, REPO, eval_points, first_reaching, run_job
 
 EXPERIMENT = "vs_trl_smollm2"
 THREADS = 2
@@ -65,7 +65,7 @@ def curve_summary(points: list[tuple[int, float, float]], target_gain: float, se
     points = sorted(points)
     before, after = points[0][2], points[-1][2]
     target = before + target_gain
-    hit = next(((step, t) for step, t, acc in points[1:] if acc >= target - 1e-9), None)
+    hit = first_reaching(points, target)
     return {"curve": points, "before": before, "after": after, "target": target,
             "steps_to_target": hit[0] if hit else None, "seconds_to_target": hit[1] if hit else None,
             "seconds_per_step": seconds_per_step, "steps": points[-1][0], "wall_s": points[-1][1]}  # fmt: skip

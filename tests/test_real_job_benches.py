@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from async_vs_sync_real import seconds_to, time_to_target  # noqa: E402
+from async_vs_sync_real import time_to_target  # noqa: E402
+from real_job import first_reaching  # noqa: E402
 from vs_trl_smollm2 import curve_summary, ours_points  # noqa: E402
 
 
@@ -37,9 +38,9 @@ def test_the_target_is_the_start_plus_the_gain_and_the_first_evaluation_reaching
     assert (hit["before"], hit["after"], hit["steps_to_target"], hit["seconds_to_target"]) == (0.25, 0.38, 30, 700.0)
     missed = curve_summary(points, 0.25, 20.0)
     assert missed["steps_to_target"] is None and missed["seconds_to_target"] is None
-    assert seconds_to([list(p) for p in points], 0.45) == 1000.0
-    assert seconds_to([list(p) for p in points], 0.25) == 400.0  # step 0 never counts
-    assert seconds_to([list(p) for p in points], 0.9) is None
+    assert first_reaching([list(p) for p in points], 0.45) == (45, 1000.0)
+    assert first_reaching([list(p) for p in points], 0.25) == (15, 400.0)  # step 0 never counts
+    assert first_reaching([list(p) for p in points], 0.9) is None
 
 
 def test_the_time_to_a_target_counts_from_launch_and_from_the_evaluation_before_training():
