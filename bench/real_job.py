@@ -46,5 +46,6 @@ def eval_points(run_dir: Path, launched: float) -> list[tuple[int, float, float]
 
 def first_reaching(points: Sequence[Sequence[float]], accuracy: float) -> tuple[int, float] | None:
     """(step, wall seconds) of the first evaluation after training starts whose held-out accuracy
-    reaches ``accuracy``, in ``points`` of (step, seconds, accuracy); None where none did."""
-    return next(((step, t) for step, t, acc in sorted(points) if step > 0 and acc >= accuracy - 1e-9), None)
+    reaches ``accuracy``, in ``points`` of (step, seconds, accuracy) in step order (as ``eval_points``
+    gives them); None where none did."""
+    return next(((step, t) for step, t, acc in points if step > 0 and acc >= accuracy - 1e-9), None)
